@@ -1,0 +1,47 @@
+"""Pure tensor code: cells, python-native RNN modules, reset-aware unrolling, precision modes.
+
+Nothing in this package imports tensordict.
+"""
+
+from recurrl.functional.cells import (
+    gru_cell,
+    gru_cell_from_projection,
+    lstm_cell,
+    lstm_cell_from_projection,
+)
+from recurrl.functional.precision import (
+    RecurrentMatmulPrecision,
+    RecurrentMatmulPrecisionUserMode,
+    resolve_recurrent_matmul_precision,
+    set_recurrent_matmul_precision,
+)
+from recurrl.functional.recurrent import (
+    RECURRENT_BACKENDS,
+    RNNConfig,
+    recurrent_unroll,
+    resolve_backend,
+)
+from recurrl.functional.rnn import GRU, LSTM, GRUCell, LSTMCell
+from recurrl.functional.sequences import segment_starts, split_pieces, trajectory_ends
+
+__all__ = [
+    "GRU",
+    "LSTM",
+    "RECURRENT_BACKENDS",
+    "GRUCell",
+    "LSTMCell",
+    "RNNConfig",
+    "RecurrentMatmulPrecision",
+    "RecurrentMatmulPrecisionUserMode",
+    "gru_cell",
+    "gru_cell_from_projection",
+    "lstm_cell",
+    "lstm_cell_from_projection",
+    "recurrent_unroll",
+    "resolve_backend",
+    "resolve_recurrent_matmul_precision",
+    "segment_starts",
+    "set_recurrent_matmul_precision",
+    "split_pieces",
+    "trajectory_ends",
+]

@@ -1,0 +1,162 @@
+"""Reset-aware unrolling of stacked LSTM/GRU layers over ``[N, T]`` batches.
+
+Semantics shared by every backend (the recurrent-mode contract of recurrl):
+
+* each row starts from the state stored at its first step;
+* wherever ``is_init[n, t]`` is True (``t > 0``) the row restarts from the state stored at
+  ``t`` instead of carrying its own;
+* the returned states are exact at every trajectory end (the step before a restart, and the
+  last step) and zero at every other step, so all backends return identical tensors.
+
+Backends: ``"pad"`` (split at resets, torch's fused kernels), ``"scan"`` (time loop with
+``where``), ``"triton"`` (GPU kernel; see :func:`triton_unavailable_reason`) and ``"auto"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from recurrl.functional.recurrent.config import LayerWeights, RNNConfig
+from recurrl.functional.recurrent.pad import Runner, fused_runner, pad_unroll
+from recurrl.functional.recurrent.scan import scan_unroll
+from recurrl.functional.recurrent.step import recurrent_step
+from recurrl.functional.recurrent.triton import triton_unavailable_reason
+from recurrl.functional.sequences import trajectory_ends
+
+__all__ = [
+    "RECURRENT_BACKENDS",
+    "RECURRENT_RECOMPUTE",
+    "LayerWeights",
+    "RNNConfig",
+    "Runner",
+    "check_recurrent_options",
+    "fused_runner",
+    "recurrent_step",
+    "recurrent_unroll",
+    "resolve_backend",
+    "triton_unavailable_reason",
+]
+
+RECURRENT_BACKENDS = ("pad", "scan", "triton", "auto")
+RECURRENT_RECOMPUTE = ("none", "full")
+
+
+def check_recurrent_options(
+    backend: str, recompute: str, *, python_based: bool, device: torch.device | str | None = None
+) -> None:
+    """Validate a backend configuration, raising ``ValueError`` (or ``ImportError``/
+    ``RuntimeError`` for an unusable ``"triton"``) with what to change.
+
+    Examples:
+        >>> check_recurrent_options("scan", "full", python_based=False)
+        >>> check_recurrent_options("pad", "full", python_based=False)
+        Traceback (most recent call last):
+        ...
+        ValueError: recurrent_recompute='full' is not available with recurrent_backend='pad'...
+    """
+    if backend not in RECURRENT_BACKENDS:
+        raise ValueError(f"recurrent_backend must be one of {RECURRENT_BACKENDS}, got {backend!r}.")
+    if recompute not in RECURRENT_RECOMPUTE:
+        raise ValueError(
+            f"recurrent_recompute must be one of {RECURRENT_RECOMPUTE}, got {recompute!r}."
+        )
+    if backend == "pad" and recompute != "none":
+        raise ValueError(
+            "recurrent_recompute='full' is not available with recurrent_backend='pad': the "
+            "fused torch kernels manage their own backward memory. Use "
+            "recurrent_backend='scan' (or 'auto') with recompute, or recurrent_recompute='none'."
+        )
+    if backend == "triton":
+        if python_based:
+            raise ValueError(
+                "python_based=True cannot be honoured with recurrent_backend='triton' (a fused "
+                "GPU kernel). Use recurrent_backend='scan' for a python-native recurrent mode."
+            )
+        reason = triton_unavailable_reason(device)
+        if reason is not None:
+            error = ImportError if "not installed" in reason else RuntimeError
+            raise error(reason)
+
+
+def resolve_backend(backend: str, x: Tensor, *, python_based: bool) -> str:
+    """The concrete backend ``"auto"`` stands for on this input (others map to themselves).
+
+    ``auto`` picks ``scan`` on CPU, under ``torch.compile``/``vmap`` and for python-based
+    modules (its fused time loop measured fastest on CPU, see ``benchmarks/README.md``), and
+    ``pad`` on CUDA, where torch's cuDNN kernels are fast.
+    """
+    if backend != "auto":
+        return backend
+    if python_based or torch.compiler.is_compiling() or x.device.type != "cuda":
+        return "scan"
+    return "pad"
+
+
+def recurrent_unroll(
+    cfg: RNNConfig,
+    flat_weights: Sequence[Tensor],
+    x: Tensor,
+    states: tuple[Tensor, ...],
+    is_init: Tensor,
+    *,
+    backend: str = "pad",
+    training: bool = False,
+    recompute: str = "none",
+    python_based: bool = False,
+    runner: Runner | None = None,
+) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """Run a stacked LSTM/GRU over ``[N, T]`` sequences with resets.
+
+    Args:
+        cfg: the network description.
+        flat_weights: parameters in ``torch.nn.LSTM._flat_weights`` order.
+        x: ``[N, T, F]`` inputs.
+        states: stored states, each ``[N, T, L, S]`` (``(h, c)`` for the LSTM, ``(h,)`` for
+            the GRU).
+        is_init: ``[N, T]`` bool restart flags.
+        backend: one of :data:`RECURRENT_BACKENDS`.
+        training: enables inter-layer dropout.
+        recompute: ``"none"`` or ``"full"`` (recompute activations in backward).
+        python_based: use only python-native torch ops (no fused torch RNN kernels).
+        runner: for ``pad``, the multi-layer call to run on the pieces (defaults to torch's
+            fused kernels through :func:`fused_runner`).
+
+    Returns:
+        ``(y, next_states)``: ``y`` is ``[N, T, O]``; each next state is ``[N, T, L, S]``,
+        exact at every trajectory end and zero elsewhere.
+
+    Examples:
+        >>> import torch
+        >>> lstm = torch.nn.LSTM(3, 4, batch_first=True)
+        >>> cfg = RNNConfig("lstm", 3, 4)
+        >>> x = torch.randn(2, 5, 3)
+        >>> h, c = torch.zeros(2, 5, 1, 4), torch.zeros(2, 5, 1, 4)
+        >>> is_init = torch.zeros(2, 5, dtype=torch.bool)
+        >>> y, (h1, c1) = recurrent_unroll(cfg, lstm._flat_weights, x, (h, c), is_init)
+        >>> torch.allclose(y, lstm(x)[0], atol=1e-6)
+        True
+    """
+    name = resolve_backend(backend, x, python_based=python_based)
+    if name == "pad":
+        run = runner if runner is not None else fused_runner(cfg, flat_weights, training)
+        return pad_unroll(cfg, x, states, is_init, run)
+    if name == "scan":
+        y, new_states = scan_unroll(
+            cfg,
+            flat_weights,
+            x,
+            states,
+            is_init,
+            training=training,
+            recompute=recompute == "full",
+            python_based=python_based,
+        )
+        ends = trajectory_ends(is_init)[..., None, None].to(y.dtype)
+        return y, tuple(s * ends for s in new_states)
+    if name != "triton":
+        raise ValueError(f"recurrent backend must be one of {RECURRENT_BACKENDS}, got {name!r}.")
+    reason = triton_unavailable_reason(x.device)
+    raise RuntimeError(reason or f"unknown recurrent backend {name!r}")

@@ -1,0 +1,74 @@
+"""Static description of a stacked LSTM/GRU and access to its per-layer weights."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from torch import Tensor
+
+__all__ = ["LayerWeights", "RNNConfig"]
+
+
+class LayerWeights(NamedTuple):
+    """One layer's parameters, with the names and shapes of :class:`torch.nn.LSTM`/``GRU``."""
+
+    weight_ih: Tensor
+    weight_hh: Tensor
+    bias_ih: Tensor | None
+    bias_hh: Tensor | None
+    weight_hr: Tensor | None
+
+
+@dataclass(frozen=True)
+class RNNConfig:
+    """What a stacked recurrent network is, independently of the weights' container.
+
+    Attributes:
+        mode: ``"lstm"`` or ``"gru"``.
+        input_size: features of the input ``F``.
+        hidden_size: features of the hidden state ``H``.
+        num_layers: stacked layers ``L``.
+        bias: whether the layers have ``bias_ih``/``bias_hh``.
+        dropout: dropout on the outputs of every layer but the last (training only).
+        proj_size: LSTM output projection size ``P`` (0 for none).
+    """
+
+    mode: Literal["lstm", "gru"]
+    input_size: int
+    hidden_size: int
+    num_layers: int = 1
+    bias: bool = True
+    dropout: float = 0.0
+    proj_size: int = 0
+
+    @property
+    def gates(self) -> int:
+        """Number of gates: 4 for the LSTM, 3 for the GRU."""
+        return 4 if self.mode == "lstm" else 3
+
+    @property
+    def output_size(self) -> int:
+        """Features of the output and of ``h``: ``P`` with a projection, else ``H``."""
+        return self.proj_size or self.hidden_size
+
+    @property
+    def state_sizes(self) -> tuple[int, ...]:
+        """Feature size of each state tensor: ``(P or H, H)`` for the LSTM, ``(H,)`` for the GRU."""
+        if self.mode == "lstm":
+            return (self.output_size, self.hidden_size)
+        return (self.hidden_size,)
+
+    @property
+    def params_per_layer(self) -> int:
+        return 2 + 2 * self.bias + (self.proj_size > 0)
+
+    def layer_weights(self, flat_weights: Sequence[Tensor], layer: int) -> LayerWeights:
+        """Split torch's flat weight list (``nn.LSTM._flat_weights`` order) for one layer."""
+        k = self.params_per_layer
+        chunk = list(flat_weights[layer * k : (layer + 1) * k])
+        w_ih, w_hh = chunk[0], chunk[1]
+        b_ih, b_hh = (chunk[2], chunk[3]) if self.bias else (None, None)
+        w_hr = chunk[-1] if self.proj_size else None
+        return LayerWeights(w_ih, w_hh, b_ih, b_hh, w_hr)

@@ -1,0 +1,144 @@
+"""The ``pad`` backend: split the batch at resets and run torch's fused ``nn.LSTM``/``nn.GRU``.
+
+Each trajectory piece becomes a row of a padded ``[P, L_max, F]`` grid (longest piece
+first), whose first step starts from the state stored there. Instead of running the grid
+once and reading the final state at a padded step (which is wrong for every row shorter than
+``L_max``), the grid is run in time windows ``[l_{k-1}, l_k)`` between consecutive distinct
+piece lengths, on the rows still alive in that window: the pieces that end at ``l_k`` hand
+over their exact final state, the others carry theirs into the next window. No padded step
+is ever computed, ``("next", h)`` is exact at every trajectory end, and the number of fused
+calls is the number of distinct piece lengths.
+
+Without any reset inside the batch this is a single call of the fused kernel on the
+original layout, i.e. plain ``nn.LSTM``.
+
+On CPU, torch runs ``nn.LSTM`` through oneDNN (its cost grows with the number of steps, with a
+small overhead per call) but ``nn.GRU`` through a per-step path that is dominated by a fixed
+cost per time step; the windowed layout is kept for both because it processes exactly the
+real steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from recurrl.functional.recurrent.config import RNNConfig
+from recurrl.functional.sequences import split_pieces
+
+__all__ = ["fused_runner", "pad_unroll"]
+
+#: ``run(x [n, w, F], hx (each [L, n, S])) -> (y [n, w, O], hx_out)``
+Runner = Callable[[Tensor, tuple[Tensor, ...]], tuple[Tensor, tuple[Tensor, ...]]]
+
+
+def fused_runner(cfg: RNNConfig, flat_weights: Sequence[Tensor], training: bool) -> Runner:
+    """A runner over torch's fused multi-layer LSTM/GRU operators (batch-first)."""
+    weights = list(flat_weights)
+    dropout = cfg.dropout if training else 0.0
+
+    if cfg.mode == "lstm":
+
+        def run_lstm(x: Tensor, hx: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
+            y, h, c = torch.lstm(
+                x, hx, weights, cfg.bias, cfg.num_layers, dropout, training, False, True
+            )
+            return y, (h, c)
+
+        return run_lstm
+
+    def run_gru(x: Tensor, hx: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
+        y, h = torch.gru(
+            x, hx[0], weights, cfg.bias, cfg.num_layers, dropout, training, False, True
+        )
+        return y, (h,)
+
+    return run_gru
+
+
+def pad_unroll(
+    cfg: RNNConfig,
+    x: Tensor,
+    states: tuple[Tensor, ...],
+    is_init: Tensor,
+    run: Runner,
+) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """Reset-aware unroll by splitting at resets. See :func:`recurrl.functional.recurrent_unroll`.
+
+    Returns the output ``[N, T, O]`` and the states ``[N, T, L, S]`` exact at every trajectory
+    end and zero elsewhere.
+    """
+    n, steps = is_init.shape
+    if not bool(is_init[:, 1:].any()):
+        hx = tuple(s[:, 0].transpose(0, 1).contiguous() for s in states)
+        y, hx = run(x, hx)
+        last = tuple(
+            torch.zeros_like(s).index_copy(1, _last_step(s), h.transpose(0, 1).unsqueeze(1))
+            for s, h in zip(states, hx, strict=True)
+        )
+        return y, last
+
+    pieces = split_pieces(is_init)
+    lengths = pieces.lengths
+    total = n * steps
+    device = x.device
+    # Grid of pieces, longest first: position j of piece p is flat step start[p] + j.
+    offsets = torch.arange(lengths[0], device=device)
+    grid_index = (pieces.start.unsqueeze(1) + offsets).clamp_(max=total - 1)
+    xs = x.reshape(total, -1)[grid_index]
+    hx = tuple(
+        s.reshape(total, *s.shape[2:])[pieces.start].transpose(0, 1).contiguous() for s in states
+    )
+
+    # Distinct lengths in increasing order, and how many pieces are alive in each window.
+    distinct = sorted(set(lengths))
+    alive = [sum(1 for ln in lengths if ln >= d) for d in distinct]
+    outs: list[Tensor] = []
+    finals: list[tuple[Tensor, ...]] = []
+    ended: list[tuple[int, int]] = []
+    prev = 0
+    for k, (d, n_alive) in enumerate(zip(distinct, alive, strict=True)):
+        hx = tuple(h[:, :n_alive] for h in hx)
+        y, hx = run(xs[:n_alive, prev:d], hx)
+        outs.append(y.reshape(-1, y.shape[-1]))
+        n_next = alive[k + 1] if k + 1 < len(alive) else 0
+        finals.append(tuple(h[:, n_next:n_alive] for h in hx))
+        ended.append((n_next, n_alive))
+        prev = d
+
+    y = torch.cat(outs)[_output_index(pieces, distinct, alive, n, steps, device)]
+    rank_of_final = torch.cat([torch.arange(a, b, device=device) for a, b in ended])
+    end_pos = (pieces.start + pieces.length - 1)[rank_of_final]
+    new_states = []
+    for k, s in enumerate(states):
+        final = torch.cat([f[k] for f in finals], dim=1).transpose(0, 1)  # [P, L, S]
+        flat = torch.zeros(total, *s.shape[2:], dtype=final.dtype, device=device)
+        new_states.append(flat.index_copy(0, end_pos, final).reshape(s.shape))
+    return y.reshape(n, steps, -1), tuple(new_states)
+
+
+def _last_step(s: Tensor) -> Tensor:
+    return torch.tensor([s.shape[1] - 1], device=s.device)
+
+
+def _output_index(pieces, distinct: list[int], alive: list[int], n: int, steps: int, device):
+    """For every flat grid step, its row in the concatenation of the windows' outputs."""
+    widths = torch.tensor(
+        [d - p for d, p in zip(distinct, [0, *distinct[:-1]], strict=True)], device=device
+    )
+    starts = torch.tensor([0, *distinct[:-1]], device=device)
+    sizes = torch.tensor(alive, device=device) * widths
+    base = torch.cumsum(sizes, 0) - sizes
+    # rank of the piece each flat step belongs to, and the step's offset inside its piece
+    rank_at_start = torch.empty(n * steps, dtype=torch.long, device=device)
+    rank_at_start[pieces.start] = torch.arange(len(pieces.lengths), device=device)
+    is_start = torch.zeros(n * steps, dtype=torch.bool, device=device)
+    is_start[pieces.start] = True
+    position = torch.arange(n * steps, device=device)
+    start_of = torch.cummax(torch.where(is_start, position, 0), 0).values
+    rank = rank_at_start[start_of]
+    offset = position - start_of
+    window = torch.searchsorted(torch.tensor(distinct, device=device), offset, right=True)
+    return base[window] + rank * widths[window] + (offset - starts[window])
