@@ -1,0 +1,273 @@
+"""GymEnv: a gymnasium environment behind the recurrl EnvBase interface.
+
+The space <-> spec and numpy <-> tensor conversions are module-level functions that
+accept leading batch dims, so a vectorized wrapper can reuse them unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium
+import numpy as np
+import torch
+from gymnasium import spaces
+from tensordict import TensorDict, TensorDictBase
+
+from recurrl.envs.common import EnvBase
+from recurrl.envs.specs import (
+    Binary,
+    Bounded,
+    Categorical,
+    Composite,
+    MultiCategorical,
+    OneHot,
+    TensorSpec,
+    Unbounded,
+)
+
+__all__ = ["GymEnv", "space_to_spec"]
+
+_RESERVED_KEYS = {"action", "reward", "done", "terminated", "truncated", "next", "_reset"}
+
+
+def _torch_dtype(np_dtype: Any) -> torch.dtype:
+    np_dtype = np.dtype(np_dtype)
+    if np_dtype == np.float64:
+        return torch.float32  # float64 Box spaces are converted to float32
+    return torch.from_numpy(np.zeros(0, dtype=np_dtype)).dtype
+
+
+def space_to_spec(
+    space: spaces.Space,
+    *,
+    batch_size: tuple[int, ...] | torch.Size = (),
+    categorical_action_encoding: bool = True,
+    device: torch.device | str = "cpu",
+) -> TensorSpec:
+    """Convert a gymnasium space to a spec of shape ``[*batch_size, *space.shape]``.
+
+    ``Box`` -> :class:`Unbounded` (all bounds infinite) or :class:`Bounded` (float64 becomes
+    float32); ``Discrete`` -> :class:`Categorical` (shape ``[*B]``), or :class:`OneHot` with
+    ``categorical_action_encoding=False``; ``MultiDiscrete`` -> :class:`MultiCategorical`;
+    ``MultiBinary`` -> :class:`Binary`; ``Dict`` -> nested :class:`Composite`. A non-zero
+    ``start`` of (Multi)Discrete spaces is subtracted: specs always count from 0.
+
+    Examples:
+        >>> space_to_spec(spaces.Box(-1.0, 1.0, (3,)))
+        Bounded(shape=(3,), dtype=torch.float32, device=cpu, low.min()=-1.0, high.max()=1.0)
+        >>> space_to_spec(spaces.Discrete(4), categorical_action_encoding=False).shape
+        torch.Size([4])
+    """
+    batch = tuple(batch_size)
+    if isinstance(space, spaces.Box):
+        dtype = _torch_dtype(space.dtype)
+        low = torch.as_tensor(np.asarray(space.low, dtype=np.float64), dtype=torch.float64)
+        high = torch.as_tensor(np.asarray(space.high, dtype=np.float64), dtype=torch.float64)
+        shape = (*batch, *space.shape)
+        if not (torch.isfinite(low).any() or torch.isfinite(high).any()):
+            return Unbounded(shape, device=device, dtype=dtype)
+        return Bounded(low.to(dtype), high.to(dtype), shape=shape, device=device, dtype=dtype)
+    if isinstance(space, spaces.Discrete):
+        if categorical_action_encoding:
+            return Categorical(int(space.n), shape=batch, device=device)
+        return OneHot(int(space.n), shape=(*batch, int(space.n)), device=device)
+    if isinstance(space, spaces.MultiDiscrete):
+        nvec = torch.as_tensor(np.asarray(space.nvec, dtype=np.int64))
+        return MultiCategorical(nvec, shape=(*batch, *nvec.shape), device=device)
+    if isinstance(space, spaces.MultiBinary):
+        return Binary(shape=(*batch, *space.shape), device=device, dtype=torch.int8)
+    if isinstance(space, spaces.Dict):
+        out = Composite(shape=batch, device=device)
+        for key, sub in space.spaces.items():
+            out[key] = space_to_spec(
+                sub,
+                batch_size=batch,
+                categorical_action_encoding=categorical_action_encoding,
+                device=device,
+            )
+        return out
+    raise NotImplementedError(
+        f"space_to_spec: gymnasium space {type(space).__name__} is not supported; supported: "
+        f"Box, Discrete, MultiDiscrete, MultiBinary, Dict. Fix: flatten it with "
+        f"gymnasium.wrappers.FlattenObservation."
+    )
+
+
+def numpy_to_tensor(value: Any, space: spaces.Space, spec: TensorSpec) -> Any:
+    """Convert one gymnasium value (leading batch dims allowed) to a tensor of ``spec``.
+
+    ``Dict`` spaces give a dict of converted entries.
+    """
+    if isinstance(space, spaces.Dict):
+        assert isinstance(spec, Composite)
+        return {k: numpy_to_tensor(value[k], sub, spec[k]) for k, sub in space.spaces.items()}
+    if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
+        index = torch.as_tensor(np.asarray(value, dtype=np.int64) - np.asarray(space.start))
+        if isinstance(spec, OneHot):
+            return spec._encode(index.to(spec.device))
+        return index.to(device=spec.device, dtype=spec.dtype)
+    array = np.asarray(value)
+    return torch.as_tensor(array, device=spec.device).to(spec.dtype).reshape(spec.shape)
+
+
+def tensor_to_numpy(action: torch.Tensor, space: spaces.Space, spec: TensorSpec) -> Any:
+    """Convert an action tensor of ``spec`` to what ``space`` (gymnasium) expects.
+
+    ``Categorical`` takes an integer index, ``OneHot`` a one-hot vector (its argmax is used).
+    A single ``Discrete`` action becomes a Python ``int``.
+    """
+    if action.shape != spec.shape:
+        raise ValueError(
+            f"GymEnv: the action has shape {tuple(action.shape)}, expected {tuple(spec.shape)} "
+            f"(action_spec {type(spec).__name__})."
+        )
+    action = action.detach()
+    if isinstance(spec, OneHot):
+        action = action.to(torch.float32).argmax(-1)
+    if isinstance(space, spaces.Discrete):
+        index = action.cpu().numpy().astype(np.int64) + int(space.start)
+        return int(index) if index.ndim == 0 else index
+    if isinstance(space, spaces.MultiDiscrete):
+        return (action.cpu().numpy().astype(np.int64) + space.start).astype(space.dtype)
+    if isinstance(space, (spaces.Box, spaces.MultiBinary)):
+        return action.cpu().numpy().astype(space.dtype)
+    raise NotImplementedError(
+        f"GymEnv: action space {type(space).__name__} is not supported; supported: Box, "
+        f"Discrete, MultiDiscrete, MultiBinary."
+    )
+
+
+def _make(env: str | gymnasium.Env, make_kwargs: dict[str, Any]) -> gymnasium.Env:
+    if isinstance(env, str):
+        try:
+            return gymnasium.make(env, **make_kwargs)
+        except gymnasium.error.UnregisteredEnv as err:
+            raise ValueError(
+                f"GymEnv: gymnasium env id {env!r} was not found ({err}). List the registered "
+                f"ids with gymnasium.pprint_registry() or sorted(gymnasium.registry); envs of "
+                f"other packages are registered when their package is imported."
+            ) from err
+    if isinstance(env, gymnasium.Env):
+        if make_kwargs:
+            raise TypeError(
+                f"GymEnv: keyword arguments {sorted(make_kwargs)} go to gymnasium.make and "
+                f"need an env id, received an env instance."
+            )
+        return env
+    raise TypeError(
+        f"GymEnv: expected a gymnasium env id (str) or a gymnasium.Env instance, received "
+        f"{type(env).__name__} (vector envs are not supported yet)."
+    )
+
+
+class GymEnv(EnvBase):
+    """A single gymnasium env (``batch_size=[]``) as a recurrl env.
+
+    The observation goes under ``"observation"``; a ``Dict`` observation space gives one
+    key per entry (nested Dicts give nested keys). Float64 ``Box`` spaces are converted to
+    float32 specs and tensors. ``reward`` is ``[1]`` float32 and ``done`` / ``terminated``
+    / ``truncated`` ``[1]`` bool (``truncated`` comes from gymnasium's time limits).
+    Gymnasium's ``info`` dict is not recorded.
+
+    Seeding: ``seed`` (or :meth:`set_seed`) is passed to gymnasium at the next reset.
+    Random actions (``rollout`` without a policy) use torch's global RNG.
+
+    Args:
+        env_name_or_instance: a registered env id (made with ``gymnasium.make``) or a
+            ``gymnasium.Env`` instance.
+        device: device of the tensors written.
+        categorical_action_encoding: ``Discrete`` spaces become :class:`Categorical`
+            integer indices (True) or :class:`OneHot` vectors (False).
+        seed: optional seed for the first reset.
+        **make_kwargs: passed to ``gymnasium.make`` (e.g. ``render_mode``).
+
+    Examples:
+        >>> env = GymEnv("CartPole-v1", seed=0)
+        >>> env.action_spec
+        Categorical(shape=(), dtype=torch.int64, device=cpu, n=2)
+        >>> td = env.reset()
+        >>> td["observation"].shape, td["done"]
+        (torch.Size([4]), tensor([False]))
+        >>> data = env.rollout(5, break_when_any_done=False)
+        >>> data.batch_size, data["next", "reward"].dtype
+        (torch.Size([5]), torch.float32)
+    """
+
+    def __init__(
+        self,
+        env_name_or_instance: str | gymnasium.Env,
+        *,
+        device: torch.device | str = "cpu",
+        categorical_action_encoding: bool = True,
+        seed: int | None = None,
+        **make_kwargs: Any,
+    ) -> None:
+        env = _make(env_name_or_instance, make_kwargs)
+        super().__init__(device=device, batch_size=())
+        self._env = env
+        self.categorical_action_encoding = categorical_action_encoding
+        convert = {"categorical_action_encoding": categorical_action_encoding, "device": device}
+        obs_spec = space_to_spec(env.observation_space, **convert)
+        if isinstance(env.observation_space, spaces.Dict):
+            assert isinstance(obs_spec, Composite)
+            clash = _RESERVED_KEYS & set(obs_spec.keys())
+            if clash:
+                raise ValueError(
+                    f"GymEnv: the Dict observation space uses reserved key(s) {sorted(clash)}; "
+                    f"rename them with a gymnasium wrapper."
+                )
+            self.observation_spec = obs_spec
+        else:
+            self.observation_spec = Composite(observation=obs_spec)
+        self.action_spec = space_to_spec(env.action_space, **convert)
+        self.reward_spec = Unbounded((1,), device=device)
+        self._pending_seed: int | None = None
+        if seed is not None:
+            self.set_seed(seed)
+
+    @property
+    def env(self) -> gymnasium.Env:
+        """The wrapped gymnasium env."""
+        return self._env
+
+    def _observation_td(self, obs: Any) -> TensorDict:
+        if isinstance(self._env.observation_space, spaces.Dict):
+            entries = numpy_to_tensor(obs, self._env.observation_space, self.observation_spec)
+        else:
+            spec = self.observation_spec["observation"]
+            entries = {"observation": numpy_to_tensor(obs, self._env.observation_space, spec)}
+        return TensorDict(entries, batch_size=self.batch_size, device=self.device)
+
+    def _flag(self, value: Any) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(value, dtype=bool), device=self.device).reshape(
+            *self.batch_size, 1
+        )
+
+    def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:
+        seed, self._pending_seed = self._pending_seed, None
+        obs, _info = self._env.reset(seed=seed, **kwargs)
+        return self._observation_td(obs)
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        action = tensor_to_numpy(tensordict.get("action"), self._env.action_space, self.action_spec)
+        obs, reward, terminated, truncated, _info = self._env.step(action)
+        out = self._observation_td(obs)
+        reward_t = torch.as_tensor(np.asarray(reward, dtype=np.float32), device=self.device)
+        out.set("reward", reward_t.reshape(*self.batch_size, 1))
+        out.set("terminated", self._flag(terminated))
+        out.set("truncated", self._flag(truncated))
+        return out
+
+    def _set_seed(self, seed: int | None) -> None:
+        self._pending_seed = seed
+        self._env.action_space.seed(seed)
+        self._env.observation_space.seed(seed)
+
+    def _close(self) -> None:
+        self._env.close()
+
+    def extra_repr(self) -> str:
+        spec = self._env.spec
+        name = spec.id if spec is not None else type(self._env.unwrapped).__name__
+        return f"env={name!r}, {super().extra_repr()}"

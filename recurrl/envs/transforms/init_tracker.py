@@ -1,0 +1,86 @@
+"""InitTracker: mark the first step of every trajectory with ``is_init``."""
+
+from __future__ import annotations
+
+import torch
+from tensordict import NestedKey, TensorDictBase
+
+from recurrl.envs.specs import Categorical, Composite
+from recurrl.envs.transforms.transform import Transform
+from recurrl.envs.utils import RESET_KEY, get_reset_mask, where_reset
+
+__all__ = ["InitTracker"]
+
+
+class InitTracker(Transform):
+    """Write ``init_key`` (bool ``[*B, 1]``): True right after a reset, False after a step.
+
+    On a partial reset (``"_reset"`` in the input) only the envs being reset get True;
+    the others keep their current value (False when the input does not hold one). The key
+    is registered in the observation spec, so ``step_mdp`` carries ``("next", init_key)``
+    (False) to the next root. Recurrent modules read it to restart their hidden state.
+
+    Args:
+        init_key: the key to write. Default ``"is_init"``.
+
+    Examples:
+        >>> from recurrl.envs.transforms import TransformedEnv
+        >>> from recurrl.testing import CountingEnv
+        >>> env = TransformedEnv(CountingEnv(batch_size=(2,)), InitTracker())
+        >>> td = env.reset()
+        >>> td["is_init"]
+        tensor([[True],
+                [True]])
+        >>> td = env.step_mdp(env.step(env.rand_action(td)))
+        >>> td["is_init"].any().item()
+        False
+        >>> td["_reset"] = torch.tensor([[False], [True]])
+        >>> env.reset(td)["is_init"]
+        tensor([[False],
+                [ True]])
+    """
+
+    def __init__(self, init_key: NestedKey = "is_init") -> None:
+        super().__init__(in_keys=[], out_keys=[init_key])
+        self.init_key = init_key
+        self.reset_key: NestedKey = RESET_KEY
+
+    def _flag(self, tensordict: TensorDictBase, value: bool) -> torch.Tensor:
+        device = tensordict.device or (self.parent.device if self.parent is not None else None)
+        shape = (*tensordict.batch_size, 1)
+        return torch.full(shape, value, dtype=torch.bool, device=device)
+
+    def _reset(
+        self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
+    ) -> TensorDictBase:
+        mask = get_reset_mask(tensordict, tensordict_reset.batch_size, self.reset_key)
+        current = None
+        if mask is not None:
+            current = tensordict.get(self.init_key, None)
+            if current is None:
+                current = self._flag(tensordict_reset, False)
+        fresh = self._flag(tensordict_reset, True)
+        tensordict_reset.set(self.init_key, where_reset(mask, fresh, current))
+        return tensordict_reset
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        next_tensordict.set(self.init_key, self._flag(next_tensordict, False))
+        return next_tensordict
+
+    def transform_observation_spec(self, observation_spec: Composite) -> Composite:
+        if self.init_key in observation_spec:
+            raise ValueError(
+                f"InitTracker: the env already declares {self.init_key!r} in its "
+                f"observation_spec (is an InitTracker already attached? check with "
+                f"find_transform(env, InitTracker)). Fix: add one InitTracker per env."
+            )
+        observation_spec[self.init_key] = Categorical(
+            2,
+            shape=(*observation_spec.shape, 1),
+            dtype=torch.bool,
+            device=observation_spec.device,
+        )
+        return observation_spec
+
+    def extra_repr(self) -> str:
+        return f"init_key={self.init_key!r}"

@@ -1,0 +1,235 @@
+"""TensorDictPrimer: declare extra keys (e.g. recurrent states) and fill them on reset."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from tensordict import NestedKey, TensorDictBase, unravel_key
+
+from recurrl.envs.specs import Composite, TensorSpec
+from recurrl.envs.transforms.transform import Transform
+from recurrl.envs.utils import RESET_KEY, get_reset_mask, where_reset
+
+__all__ = ["TensorDictPrimer"]
+
+DefaultValue = float | Callable[[], Any] | Mapping[NestedKey, float | Callable[[], Any]]
+
+
+class TensorDictPrimer(Transform):
+    """Declare keys in the env specs and write their initial value on reset.
+
+    Every primer key is registered in the observation spec *and* the state spec, so
+    ``step_mdp`` promotes ``("next", key)`` to ``key``: a recurrent state written by the
+    policy under ``("next", key)`` rides to the next step. On reset the keys are filled
+    with ``default_value`` (zeros by default) for the envs being reset; envs not being
+    reset keep the incoming value. On step, a key the policy did not write under
+    ``"next"`` is copied forward unchanged (so a non-recurrent policy leaves it as is).
+
+    Specs may be given without the env batch dims: with ``expand_specs=None`` (default) a
+    spec whose leading dims differ from the env batch size is expanded to
+    ``[*B, *spec.shape]``; ``True`` always expands (use it when a feature dim may equal the
+    batch size, e.g. ``(num_layers, H)`` with ``num_layers == N``); ``False`` never does.
+
+    Adding a primer for a key the env already declares raises (a second primer for the
+    same keys is a bug); use :func:`~recurrl.envs.transforms.find_transform` to check.
+
+    Args:
+        primers: dict or Composite mapping (nested) keys to specs.
+        random: sample initial values from the specs (``spec.rand()``) instead of
+            ``default_value``.
+        default_value: initial value: a number (default ``0.0``); a callable taking no
+            argument and returning a tensor broadcastable to ``[*B, *spec.shape]``, called
+            once per key and reset (once per reset for all keys with
+            ``single_default_value=True``); or a dict giving a number/callable per key.
+        reset_key: key of the partial-reset mask. Default ``"_reset"``.
+        expand_specs: see above.
+        single_default_value: see ``default_value``.
+        **kwargs: more primers, ``key=spec``.
+
+    Examples:
+        >>> from recurrl.envs.specs import Unbounded
+        >>> from recurrl.envs.transforms import TransformedEnv
+        >>> from recurrl.testing import CountingEnv
+        >>> primer = TensorDictPrimer(rs_h=Unbounded((1, 4)), rs_c=Unbounded((1, 4)))
+        >>> primer
+        TensorDictPrimer(keys=['rs_h', 'rs_c'], default_value=0.0)
+        >>> env = TransformedEnv(CountingEnv(batch_size=(3,)), primer)
+        >>> td = env.reset()
+        >>> td["rs_h"].shape, td["rs_h"].abs().sum().item()
+        (torch.Size([3, 1, 4]), 0.0)
+        >>> td = env.step(env.rand_action(td))
+        >>> td["next", "rs_h"] = torch.ones(3, 1, 4)  # what a recurrent policy writes
+        >>> env.step_mdp(td)["rs_h"].sum().item()
+        12.0
+    """
+
+    def __init__(
+        self,
+        primers: Mapping[NestedKey, TensorSpec] | Composite | None = None,
+        random: bool | None = None,
+        default_value: DefaultValue | None = None,
+        reset_key: NestedKey | None = None,
+        expand_specs: bool | None = None,
+        single_default_value: bool = False,
+        **kwargs: TensorSpec,
+    ) -> None:
+        specs = _collect_primers(primers, kwargs)
+        keys = specs.keys(include_nested=True, leaves_only=True)
+        super().__init__(in_keys=keys, out_keys=keys)
+        if random and default_value is not None:
+            raise ValueError(
+                "TensorDictPrimer: random=True and default_value are exclusive; pass one."
+            )
+        if isinstance(default_value, Mapping):
+            given = {unravel_key(k) for k in default_value}
+            missing = [k for k in keys if unravel_key(k) not in given]
+            extra = [k for k in given if k not in {unravel_key(k) for k in keys}]
+            if missing or extra:
+                raise ValueError(
+                    f"TensorDictPrimer: the default_value dict must have one entry per primer "
+                    f"key {keys}; missing {missing}, unknown {extra}."
+                )
+            default_value = {unravel_key(k): v for k, v in default_value.items()}
+        self.primers = specs
+        self.random = bool(random)
+        self.default_value: DefaultValue = 0.0 if default_value is None else default_value
+        self.reset_key: NestedKey = RESET_KEY if reset_key is None else reset_key
+        self.expand_specs = expand_specs
+        self.single_default_value = single_default_value
+        self.__dict__["_expanded_cache"] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_expanded_cache"] = {}
+        return state
+
+    # --- specs ---------------------------------------------------------------------------
+    def _expanded(self, batch_size: torch.Size, device: torch.device | None) -> Composite:
+        """The primer specs with the env batch dims ``[*B, *shape]``, on ``device``."""
+        cache_key = (tuple(batch_size), device)
+        cache = self.__dict__["_expanded_cache"]
+        if cache_key not in cache:
+            out = Composite(shape=batch_size, device=device)
+            n = len(batch_size)
+            for key, spec in self.primers.items(include_nested=True, leaves_only=True):
+                has_batch = tuple(spec.shape[:n]) == tuple(batch_size)
+                if self.expand_specs or (self.expand_specs is None and not has_batch):
+                    spec = spec.expand(*batch_size, *spec.shape)
+                elif not has_batch:
+                    raise ValueError(
+                        f"TensorDictPrimer: spec for {key!r} has shape {tuple(spec.shape)}, "
+                        f"expected it to start with the env batch size {tuple(batch_size)} "
+                        f"(expand_specs=False). Fix: expand_specs=True or expand the spec."
+                    )
+                out[key] = spec
+            cache[cache_key] = out
+        return cache[cache_key]
+
+    def _register(self, spec: Composite, spec_name: str) -> Composite:
+        for key, primer_spec in self._expanded(spec.shape, spec.device).items(True, True):
+            if key in spec:
+                raise ValueError(
+                    f"TensorDictPrimer: duplicate primer for key {key!r}: the env already "
+                    f"declares it in its {spec_name} (a primer for it is already attached?). "
+                    f"Check with find_transform(env, TensorDictPrimer) before adding one."
+                )
+            spec[key] = primer_spec.clone()
+        return spec
+
+    def transform_observation_spec(self, observation_spec: Composite) -> Composite:
+        return self._register(observation_spec, "observation_spec")
+
+    def transform_state_spec(self, state_spec: Composite) -> Composite:
+        return self._register(state_spec, "state_spec")
+
+    # --- values --------------------------------------------------------------------------
+    def _device(self, tensordict: TensorDictBase) -> torch.device | None:
+        if tensordict.device is not None:
+            return tensordict.device
+        return self.parent.device if self.parent is not None else None
+
+    def _fresh(self, key: NestedKey, spec: TensorSpec, shared: Any) -> torch.Tensor:
+        if self.random:
+            return spec.rand()
+        value = self.default_value
+        if isinstance(value, Mapping):
+            value = value[unravel_key(key)]
+        if callable(value):
+            value = shared if shared is not None else value()
+        tensor = torch.as_tensor(value, dtype=spec.dtype, device=spec.device)
+        try:
+            return tensor.expand(spec.shape).clone()
+        except RuntimeError as err:
+            raise ValueError(
+                f"TensorDictPrimer: default value for {key!r} has shape {tuple(tensor.shape)}, "
+                f"expected a shape broadcastable to {tuple(spec.shape)} ([*B, *spec.shape])."
+            ) from err
+
+    def _reset(
+        self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
+    ) -> TensorDictBase:
+        batch_size = tensordict_reset.batch_size
+        mask = get_reset_mask(tensordict, batch_size, self.reset_key)
+        shared = None
+        if self.single_default_value and callable(self.default_value):
+            shared = self.default_value()
+        specs = self._expanded(batch_size, self._device(tensordict_reset))
+        for key, spec in specs.items(include_nested=True, leaves_only=True):
+            current = tensordict.get(key, None) if mask is not None else None
+            tensordict_reset.set(key, where_reset(mask, self._fresh(key, spec, shared), current))
+        return tensordict_reset
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        written = next_tensordict.keys(include_nested=True)
+        for key in self.out_keys:
+            if key in written:
+                continue  # the policy wrote the next value
+            current = tensordict.get(key, None)
+            if current is None:
+                raise KeyError(
+                    f"TensorDictPrimer: {key!r} is missing from the step input; the primer "
+                    f"writes it on reset. Fix: start from env.reset() (or env.rollout)."
+                )
+            next_tensordict.set(key, current)
+        return next_tensordict
+
+    def extra_repr(self) -> str:
+        init = "random=True" if self.random else f"default_value={self.default_value!r}"
+        return f"keys={self.out_keys}, {init}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.extra_repr()})"
+
+
+def _collect_primers(
+    primers: Mapping[NestedKey, TensorSpec] | Composite | None, kwargs: dict[str, TensorSpec]
+) -> Composite:
+    items: list[tuple[NestedKey, Any]] = []
+    if isinstance(primers, Composite):
+        items += primers.items(include_nested=True, leaves_only=True)
+    elif primers is not None:
+        if not isinstance(primers, Mapping):
+            raise TypeError(
+                f"TensorDictPrimer: expected primers as a dict or Composite of specs, received "
+                f"{type(primers).__name__}."
+            )
+        items += list(primers.items())
+    items += list(kwargs.items())
+    if not items:
+        raise ValueError(
+            "TensorDictPrimer: expected at least one primer, received none. "
+            "Example: TensorDictPrimer(rs_h=Unbounded((num_layers, hidden_size)))."
+        )
+    out = Composite()
+    for key, spec in items:
+        if not isinstance(spec, TensorSpec) or isinstance(spec, Composite):
+            raise TypeError(
+                f"TensorDictPrimer: expected a leaf TensorSpec for key {key!r}, received "
+                f"{type(spec).__name__}. Nested keys are tuples: {{('a', 'b'): spec}}."
+            )
+        if key in out:
+            raise ValueError(f"TensorDictPrimer: key {key!r} is given twice.")
+        out[key] = spec
+    return out

@@ -1,0 +1,174 @@
+"""Helpers shared by envs and transforms: ``step_mdp`` and partial-reset masks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from tensordict import NestedKey, TensorDict, TensorDictBase, unravel_key
+
+__all__ = ["RESET_KEY", "get_reset_mask", "step_mdp", "where_reset"]
+
+RESET_KEY = "_reset"
+"""Key of the partial-reset mask read by ``env.reset(td)``: bool ``[*B, 1]`` (or ``[*B]``)."""
+
+
+def _key_list(keys: NestedKey | Sequence[NestedKey] | None) -> list[tuple[str, ...]]:
+    if keys is None:
+        return []
+    if isinstance(keys, str):
+        keys = [keys]
+    out = []
+    for key in keys:
+        key = unravel_key(key)
+        out.append((key,) if isinstance(key, str) else tuple(key))
+    return out
+
+
+def _starts_with(key: tuple[str, ...], prefixes: list[tuple[str, ...]]) -> bool:
+    return any(key[: len(p)] == p for p in prefixes)
+
+
+def step_mdp(
+    tensordict: TensorDictBase,
+    *,
+    keep_other: bool = True,
+    exclude_reward: bool = True,
+    exclude_done: bool = False,
+    exclude_action: bool = True,
+    reward_keys: NestedKey | Sequence[NestedKey] = "reward",
+    done_keys: NestedKey | Sequence[NestedKey] = ("done", "terminated", "truncated"),
+    action_keys: NestedKey | Sequence[NestedKey] = "action",
+    keys: Sequence[NestedKey] | None = None,
+) -> TensorDictBase:
+    """Build the root TensorDict of the next step from ``tensordict["next"]``.
+
+    Every leaf ``("next", k)`` is promoted to ``k`` (only the keys in ``keys`` when given;
+    listed keys absent from ``"next"`` are skipped). Tensors are shared, not copied.
+
+    The ``*_keys`` arguments take one string key or a sequence of keys: the default
+    ``("done", "terminated", "truncated")`` is three keys, so a single nested key must be
+    wrapped in a list: ``done_keys=[("agent", "done")]``.
+
+    Args:
+        tensordict: a TensorDict of batch ``[*B]`` holding a ``"next"`` sub-TensorDict.
+        keep_other: keep the root keys of ``tensordict`` (other than ``"next"``, the
+            ``"_reset"`` mask and the excluded keys) that ``"next"`` does not overwrite.
+        exclude_reward: do not promote / keep the reward keys.
+        exclude_done: do not promote / keep the done keys.
+        exclude_action: do not keep the action keys (the next step needs a new action).
+        reward_keys: key(s) of the reward.
+        done_keys: key(s) of the done flags.
+        action_keys: key(s) of the action.
+        keys: restrict the promoted ``"next"`` keys to these.
+
+    Returns:
+        A new TensorDict of batch ``[*B]``.
+
+    Examples:
+        >>> td = TensorDict(
+        ...     {"obs": torch.zeros(2), "action": torch.ones(2), "logits": torch.ones(2),
+        ...      "next": {"obs": torch.ones(2), "reward": torch.ones(2),
+        ...               "done": torch.zeros(2, dtype=torch.bool)}},
+        ...     batch_size=[2])
+        >>> out = step_mdp(td)
+        >>> sorted(out.keys())
+        ['done', 'logits', 'obs']
+        >>> out["obs"]
+        tensor([1., 1.])
+        >>> sorted(step_mdp(td, keep_other=False, keys=["obs"]).keys())
+        ['obs']
+    """
+    next_td = tensordict.get("next", None)
+    if next_td is None:
+        raise KeyError(
+            "step_mdp: expected a 'next' sub-TensorDict (written by env.step), received "
+            f"keys {list(tensordict.keys())}. Call env.step(td) first."
+        )
+    excluded: list[tuple[str, ...]] = []
+    if exclude_reward:
+        excluded += _key_list(reward_keys)
+    if exclude_done:
+        excluded += _key_list(done_keys)
+    out = TensorDict({}, batch_size=tensordict.batch_size, device=tensordict.device)
+    if keep_other:
+        dropped = [("next",), (RESET_KEY,), *excluded]
+        if exclude_action:
+            dropped += _key_list(action_keys)
+        for key in tensordict.keys(include_nested=True, leaves_only=True):
+            key_t = (key,) if isinstance(key, str) else key
+            if not _starts_with(key_t, dropped):
+                out.set(key_t, tensordict.get(key_t))
+    candidates = (
+        _key_list(keys)
+        if keys is not None
+        else [
+            (k,) if isinstance(k, str) else k
+            for k in next_td.keys(include_nested=True, leaves_only=True)
+        ]
+    )
+    next_keys = next_td.keys(include_nested=True)
+    for key_t in candidates:
+        if _starts_with(key_t, excluded):
+            continue
+        key = key_t[0] if len(key_t) == 1 else key_t
+        if key in next_keys:
+            out.set(key_t, next_td.get(key_t))
+    return out
+
+
+def get_reset_mask(
+    tensordict: TensorDictBase | None,
+    batch_size: torch.Size | Sequence[int],
+    reset_key: NestedKey = RESET_KEY,
+) -> torch.Tensor | None:
+    """Read the partial-reset mask of ``tensordict`` as a bool tensor of shape ``[*B]``.
+
+    Args:
+        tensordict: the TensorDict given to ``env.reset`` (may be ``None``).
+        batch_size: the env batch size ``B``.
+        reset_key: key of the mask, bool ``[*B, 1]`` or ``[*B]``.
+
+    Returns:
+        The ``[*B]`` mask, or ``None`` when there is no mask (reset everything).
+
+    Examples:
+        >>> td = TensorDict({"_reset": torch.tensor([[True], [False]])}, batch_size=[2])
+        >>> get_reset_mask(td, [2])
+        tensor([ True, False])
+        >>> get_reset_mask(None, [2]) is None
+        True
+    """
+    if tensordict is None:
+        return None
+    mask = tensordict.get(reset_key, None)
+    if mask is None:
+        return None
+    batch = torch.Size(batch_size)
+    if mask.shape == (*batch, 1):
+        mask = mask.squeeze(-1)
+    elif mask.shape != batch:
+        raise ValueError(
+            f"reset mask {reset_key!r}: expected a bool tensor of shape {(*batch, 1)} or "
+            f"{tuple(batch)}, received shape {tuple(mask.shape)}."
+        )
+    return mask.bool()
+
+
+def where_reset(
+    mask: torch.Tensor | None, reset_value: torch.Tensor, current: torch.Tensor | None
+) -> torch.Tensor:
+    """``reset_value`` for the envs in ``mask`` (shape ``[*B]``), ``current`` for the others.
+
+    With no mask, or no current value, the reset value is used everywhere. Values have
+    shape ``[*B, *F]``; the result is a new tensor (inputs are never written in place).
+
+    Examples:
+        >>> where_reset(torch.tensor([True, False]), torch.zeros(2, 3), torch.ones(2, 3))
+        tensor([[0., 0., 0.],
+                [1., 1., 1.]])
+    """
+    if mask is None or current is None:
+        return reset_value
+    view = mask.reshape(*mask.shape, *([1] * (reset_value.ndim - mask.ndim)))
+    return torch.where(view, reset_value, current.to(reset_value.device))

@@ -1,0 +1,5 @@
+"""Test helpers shipped with recurrl: small envs whose behaviour is known exactly."""
+
+from recurrl.testing.envs import CountingEnv, RecallEnv
+
+__all__ = ["CountingEnv", "RecallEnv"]

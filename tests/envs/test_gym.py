@@ -1,0 +1,233 @@
+"""Tests of recurrl.envs.gym.GymEnv and the space conversions."""
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from recurrl.envs import (
+    Binary,
+    Bounded,
+    Categorical,
+    Composite,
+    GymEnv,
+    InitTracker,
+    MultiCategorical,
+    OneHot,
+    TensorDictPrimer,
+    Unbounded,
+)
+from recurrl.envs.gym import space_to_spec
+
+
+class DictObsEnv(gymnasium.Env):
+    """A tiny env with a nested Dict observation and a configurable action space."""
+
+    def __init__(self, action_space=None):
+        self.observation_space = spaces.Dict(
+            {
+                "pos": spaces.Box(-1.0, 1.0, (2,), dtype=np.float64),
+                "room": spaces.Discrete(3, start=1),
+                "inner": spaces.Dict({"bits": spaces.MultiBinary(4)}),
+            }
+        )
+        self.action_space = action_space or spaces.MultiDiscrete([3, 2], start=[1, 0])
+        self.actions = []
+        self.t = 0
+
+    def _obs(self):
+        return {
+            "pos": np.array([0.5, -0.5]) * self.t / 3,
+            "room": 1 + self.t % 3,
+            "inner": {"bits": np.array([1, 0, 1, self.t % 2], dtype=np.int8)},
+        }
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.actions.append(action)
+        self.t += 1
+        return self._obs(), 0.5, self.t >= 3, False, {"t": self.t}
+
+
+class TestCartPole:
+    def test_specs(self):
+        env = GymEnv("CartPole-v1")
+        obs = env.observation_spec["observation"]
+        assert isinstance(obs, Bounded) and obs.shape == (4,) and obs.dtype == torch.float32
+        assert env.action_spec == Categorical(2)
+        assert env.reward_spec == Unbounded((1,))
+        assert env.batch_size == ()
+
+    def test_reset_step_dtypes(self):
+        env = GymEnv("CartPole-v1", seed=0)
+        td = env.reset()
+        assert td["observation"].dtype == torch.float32 and td["observation"].shape == (4,)
+        td["action"] = torch.tensor(1)
+        env.step(td)
+        nxt = td["next"]
+        assert nxt["reward"].shape == (1,) and nxt["reward"].dtype == torch.float32
+        for key in ("done", "terminated", "truncated"):
+            assert nxt[key].shape == (1,) and nxt[key].dtype == torch.bool
+        assert env.observation_spec.is_in(env.step_mdp(td).select("observation"))
+
+    def test_random_rollout_terminates(self):
+        env = GymEnv("CartPole-v1", seed=0)
+        torch.manual_seed(0)
+        data = env.rollout(500)
+        T = data.batch_size[0]
+        assert 5 <= T < 500
+        assert data["next", "terminated"][-1].item() and not data["next", "truncated"].any()
+        assert not data["next", "done"][:-1].any()
+        assert torch.equal(data["next", "done"], data["next", "terminated"])
+
+    def test_seeding_reproducible(self):
+        a, b = GymEnv("CartPole-v1", seed=3), GymEnv("CartPole-v1", seed=3)
+        assert torch.equal(a.reset()["observation"], b.reset()["observation"])
+        a.set_seed(4)
+        assert not torch.equal(a.reset()["observation"], b.reset()["observation"])
+        torch.manual_seed(0)
+        a.set_seed(1)
+        first = a.rollout(30)
+        torch.manual_seed(0)
+        a.set_seed(1)
+        second = a.rollout(30)
+        assert (first == second).all()
+
+    def test_one_hot_actions(self):
+        env = GymEnv("CartPole-v1", categorical_action_encoding=False, seed=0)
+        assert env.action_spec == OneHot(2)
+        td = env.reset()
+        td["action"] = torch.tensor([0.1, 0.9])  # float one-hot-like vectors: argmax is used
+        env.step(td)
+        assert env.rollout(3).batch_size[0] <= 3
+
+    def test_wrong_action_shape(self):
+        env = GymEnv("CartPole-v1")
+        td = env.reset()
+        td["action"] = torch.tensor([1, 0])
+        with pytest.raises(ValueError, match=r"action has shape \(2,\), expected \(\)"):
+            env.step(td)
+
+
+class TestPendulum:
+    def test_specs_and_truncation(self):
+        env = GymEnv("Pendulum-v1", max_episode_steps=20, seed=0)
+        obs = env.observation_spec["observation"]
+        assert isinstance(obs, Bounded) and obs.shape == (3,)
+        assert isinstance(env.action_spec, Bounded) and env.action_spec.shape == (1,)
+        data = env.rollout(50)
+        assert data.batch_size == (20,)
+        assert data["action"].shape == (20, 1) and data["action"].dtype == torch.float32
+        last = data["next"][-1]
+        assert last["truncated"].item() and not last["terminated"].item() and last["done"].item()
+        assert not data["next", "done"][:-1].any()
+        assert env.action_spec.is_in(data["action"])
+
+
+class TestDictObservation:
+    def test_spec_conversion(self):
+        env = GymEnv(DictObsEnv())
+        spec = env.observation_spec
+        assert set(spec.keys(include_nested=True, leaves_only=True)) == {
+            "pos",
+            "room",
+            ("inner", "bits"),
+        }
+        assert spec["pos"].dtype == torch.float32  # float64 Box -> float32
+        assert spec["room"] == Categorical(3)
+        assert spec["inner", "bits"] == Binary(4)
+        assert env.action_spec == MultiCategorical([3, 2])
+
+    def test_values_and_actions(self):
+        gym_env = DictObsEnv()
+        env = GymEnv(gym_env)
+        td = env.reset()
+        assert td["room"].item() == 0  # start=1 is subtracted
+        assert td["pos"].dtype == torch.float32
+        assert td["inner", "bits"].dtype == torch.int8
+        td["action"] = torch.tensor([2, 1])
+        env.step(td)
+        assert gym_env.actions[-1].tolist() == [3, 1]  # start=[1, 0] is added back
+        assert td["next", "room"].item() == 1
+        assert td["next", "reward"].item() == 0.5
+        data = env.rollout(10)
+        assert data.batch_size == (3,) and data["next", "terminated"][-1].item()
+
+    def test_one_hot_observation(self):
+        env = GymEnv(DictObsEnv(), categorical_action_encoding=False)
+        assert env.observation_spec["room"] == OneHot(3)
+        assert env.reset()["room"].tolist() == [True, False, False]
+
+    def test_multibinary_and_discrete_actions(self):
+        gym_env = DictObsEnv(action_space=spaces.MultiBinary(3))
+        env = GymEnv(gym_env)
+        assert env.action_spec == Binary(3)
+        env.rollout(2)
+        assert gym_env.actions[-1].dtype == np.int8
+        gym_env = DictObsEnv(action_space=spaces.Discrete(4, start=-2))
+        env = GymEnv(gym_env)
+        td = env.reset()
+        td["action"] = torch.tensor(0)
+        env.step(td)
+        assert gym_env.actions[-1] == -2 and isinstance(gym_env.actions[-1], int)
+
+    def test_reserved_key(self):
+        gym_env = DictObsEnv()
+        gym_env.observation_space = spaces.Dict({"reward": spaces.Box(-1, 1, (1,))})
+        with pytest.raises(ValueError, match="reserved key"):
+            GymEnv(gym_env)
+
+
+class TestSpaceToSpec:
+    def test_box(self):
+        assert space_to_spec(spaces.Box(-np.inf, np.inf, (2,))) == Unbounded(2)
+        image = space_to_spec(spaces.Box(0, 255, (4, 4), dtype=np.uint8))
+        assert isinstance(image, Bounded) and image.dtype == torch.uint8
+        assert image.rand().max() <= 255
+        assert space_to_spec(spaces.Box(-1, 1, (2,)), batch_size=(5,)).shape == (5, 2)
+
+    def test_multi_dim_multidiscrete(self):
+        spec = space_to_spec(spaces.MultiDiscrete([[2, 3], [4, 5]]))
+        assert spec.shape == (2, 2) and spec.is_in(spec.rand())
+
+    def test_dict(self):
+        spec = space_to_spec(spaces.Dict({"a": spaces.Discrete(2)}), batch_size=(3,))
+        assert isinstance(spec, Composite) and spec["a"].shape == (3,)
+
+    def test_unsupported(self):
+        with pytest.raises(NotImplementedError, match="FlattenObservation"):
+            space_to_spec(spaces.Tuple([spaces.Discrete(2)]))
+
+
+class TestErrorsAndTransforms:
+    def test_unknown_id(self):
+        with pytest.raises(ValueError, match=r"not found.*pprint_registry"):
+            GymEnv("NoSuchEnv-v0")
+
+    def test_bad_arguments(self):
+        with pytest.raises(TypeError, match="need an env id"):
+            GymEnv(DictObsEnv(), render_mode="human")
+        with pytest.raises(TypeError, match="gymnasium env id"):
+            GymEnv(42)
+
+    def test_close_and_repr(self):
+        env = GymEnv("CartPole-v1")
+        assert "CartPole-v1" in repr(env)
+        assert isinstance(env.env, gymnasium.Env)
+        env.close()
+        assert env.is_closed
+
+    def test_transformed_rollout(self):
+        env = GymEnv("CartPole-v1", seed=0).append_transform(InitTracker())
+        env.append_transform(TensorDictPrimer(rs_h=Unbounded((1, 8))))
+        torch.manual_seed(0)
+        data = env.rollout(40, break_when_any_done=False)
+        assert data.batch_size == (40,) and data["rs_h"].shape == (40, 1, 8)
+        starts = data["is_init"].squeeze(-1)
+        after_done = torch.cat([torch.tensor([True]), data["next", "done"].squeeze(-1)[:-1]])
+        assert torch.equal(starts, after_done)

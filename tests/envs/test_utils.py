@@ -1,0 +1,131 @@
+"""Tests of recurrl.envs.utils: step_mdp, get_reset_mask, where_reset."""
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from recurrl.envs.utils import get_reset_mask, step_mdp, where_reset
+
+
+def make_td():
+    b = [2]
+    return TensorDict(
+        {
+            "obs": torch.zeros(2, 3),
+            "action": torch.ones(2),
+            "logits": torch.ones(2, 2),
+            "done": torch.zeros(2, 1, dtype=torch.bool),
+            "_reset": torch.ones(2, 1, dtype=torch.bool),
+            "next": {
+                "obs": torch.ones(2, 3),
+                "reward": torch.ones(2, 1),
+                "done": torch.ones(2, 1, dtype=torch.bool),
+                "terminated": torch.ones(2, 1, dtype=torch.bool),
+                "truncated": torch.zeros(2, 1, dtype=torch.bool),
+                "agent": {"h": torch.full((2, 4), 7.0)},
+            },
+        },
+        batch_size=b,
+    )
+
+
+def leaf_keys(td):
+    return set(td.keys(include_nested=True, leaves_only=True))
+
+
+def test_default_promotes_next_and_keeps_other():
+    out = step_mdp(make_td())
+    assert leaf_keys(out) == {
+        "obs",
+        "logits",
+        "done",
+        "terminated",
+        "truncated",
+        ("agent", "h"),
+    }
+    assert torch.equal(out["obs"], torch.ones(2, 3))
+    assert out["done"].all()  # next value wins over the root value
+    assert out.batch_size == (2,)
+
+
+def test_never_keeps_next_or_reset():
+    out = step_mdp(make_td())
+    assert "next" not in out and "_reset" not in out
+
+
+def test_tensors_are_shared_not_copied():
+    td = make_td()
+    out = step_mdp(td)
+    assert out["obs"].data_ptr() == td["next", "obs"].data_ptr()
+
+
+def test_exclude_flags():
+    td = make_td()
+    out = step_mdp(td, exclude_reward=False, exclude_action=False, exclude_done=True)
+    assert "reward" in out and "action" in out
+    assert not {"done", "terminated", "truncated"} & set(out.keys())
+
+
+def test_keep_other_false():
+    out = step_mdp(make_td(), keep_other=False)
+    assert "logits" not in out and "action" not in out
+
+
+def test_keys_restricts_promotion():
+    out = step_mdp(make_td(), keep_other=False, keys=["obs", ("agent", "h"), "absent"])
+    assert leaf_keys(out) == {"obs", ("agent", "h")}
+
+
+def test_keys_respects_exclusions():
+    out = step_mdp(make_td(), keep_other=False, keys=["obs", "reward"])
+    assert leaf_keys(out) == {"obs"}
+
+
+def test_nested_done_key_in_list():
+    td = make_td()
+    out = step_mdp(td, keep_other=False, exclude_done=True, done_keys=[("agent", "h")])
+    assert ("agent", "h") not in leaf_keys(out) and "done" in out
+
+
+def test_missing_next_raises():
+    with pytest.raises(KeyError, match="expected a 'next' sub-TensorDict"):
+        step_mdp(TensorDict({"obs": torch.zeros(2)}, batch_size=[2]))
+
+
+class TestResetMask:
+    def test_shapes(self):
+        td = TensorDict({"_reset": torch.tensor([[True], [False]])}, batch_size=[2])
+        assert torch.equal(get_reset_mask(td, [2]), torch.tensor([True, False]))
+        td = TensorDict({"_reset": torch.tensor([True, False])}, batch_size=[2])
+        assert torch.equal(get_reset_mask(td, [2]), torch.tensor([True, False]))
+        single = TensorDict({"_reset": torch.tensor([True])}, batch_size=[])
+        assert get_reset_mask(single, []).shape == ()
+
+    def test_absent(self):
+        assert get_reset_mask(None, [2]) is None
+        assert get_reset_mask(TensorDict({}, batch_size=[2]), [2]) is None
+
+    def test_custom_key(self):
+        td = TensorDict({("a", "_reset"): torch.ones(2, 1, dtype=torch.bool)}, batch_size=[2])
+        assert get_reset_mask(td, [2], reset_key=("a", "_reset")).all()
+
+    def test_bad_shape(self):
+        td = TensorDict({"_reset": torch.ones(2, 2, dtype=torch.bool)}, batch_size=[2])
+        with pytest.raises(ValueError, match=r"expected a bool tensor of shape \(2, 1\)"):
+            get_reset_mask(td, [2])
+
+
+class TestWhereReset:
+    def test_mask(self):
+        out = where_reset(torch.tensor([True, False]), torch.zeros(2, 1, 3), torch.ones(2, 1, 3))
+        assert torch.equal(out[0], torch.zeros(1, 3)) and torch.equal(out[1], torch.ones(1, 3))
+
+    def test_no_mask_or_current(self):
+        new = torch.zeros(2)
+        assert where_reset(None, new, torch.ones(2)) is new
+        assert where_reset(torch.tensor([False, False]), new, None) is new
+
+    def test_inputs_not_modified(self):
+        current = torch.ones(2, 3)
+        where_reset(torch.tensor([True, False]), torch.zeros(2, 3), current)
+        assert torch.equal(current, torch.ones(2, 3))
