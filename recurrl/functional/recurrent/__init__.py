@@ -81,18 +81,29 @@ def check_recurrent_options(
             raise error(reason)
 
 
-def resolve_backend(backend: str, x: Tensor, *, python_based: bool) -> str:
+def resolve_backend(backend: str, x: Tensor, *, python_based: bool, mode: str = "lstm") -> str:
     """The concrete backend ``"auto"`` stands for on this input (others map to themselves).
 
-    ``auto`` picks ``scan`` on CPU, under ``torch.compile``/``vmap`` and for python-based
-    modules (its fused time loop measured fastest on CPU, see ``benchmarks/README.md``), and
-    ``pad`` on CUDA, where torch's cuDNN kernels are fast.
+    ``auto`` picks ``scan`` under ``torch.compile``/``vmap`` and for python-based modules
+    (it is the only backend without data-dependent shapes), ``pad`` on CUDA (cuDNN) and for
+    the LSTM on CPU (oneDNN's fused LSTM on a few padded buckets), and ``scan`` for the GRU on
+    CPU, where torch's GRU kernel pays a large fixed cost per time step that the fused scan
+    loop avoids. The figures behind these choices are in ``benchmarks/README.md``.
+
+    Examples:
+        >>> import torch
+        >>> resolve_backend("auto", torch.zeros(1), python_based=False, mode="gru")
+        'scan'
+        >>> resolve_backend("pad", torch.zeros(1), python_based=True)
+        'pad'
     """
     if backend != "auto":
         return backend
-    if python_based or torch.compiler.is_compiling() or x.device.type != "cuda":
+    if python_based or torch.compiler.is_compiling() or torch._C._functorch.is_batchedtensor(x):
         return "scan"
-    return "pad"
+    if x.device.type == "cuda" or mode == "lstm":
+        return "pad"
+    return "scan"
 
 
 def recurrent_unroll(
@@ -139,10 +150,14 @@ def recurrent_unroll(
         >>> torch.allclose(y, lstm(x)[0], atol=1e-6)
         True
     """
-    name = resolve_backend(backend, x, python_based=python_based)
+    name = resolve_backend(backend, x, python_based=python_based, mode=cfg.mode)
     if name == "pad":
-        run = runner if runner is not None else fused_runner(cfg, flat_weights, training)
-        return pad_unroll(cfg, x, states, is_init, run)
+        fused = runner is None
+        run = runner if not fused else fused_runner(cfg, flat_weights, training)
+        lstm_weights = flat_weights if fused and cfg.mode == "lstm" else None
+        return pad_unroll(
+            cfg, x, states, is_init, run, lstm_weights=lstm_weights, training=training
+        )
     if name == "scan":
         y, new_states = scan_unroll(
             cfg,

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from recurrl.functional.recurrent.config import RNNConfig
+from recurrl.functional.recurrent.pad_buckets import bucketed_lstm_unroll
 from recurrl.functional.sequences import split_pieces
 
 __all__ = ["fused_runner", "pad_unroll"]
@@ -64,6 +65,9 @@ def pad_unroll(
     states: tuple[Tensor, ...],
     is_init: Tensor,
     run: Runner,
+    *,
+    lstm_weights: Sequence[Tensor] | None = None,
+    training: bool = False,
 ) -> tuple[Tensor, tuple[Tensor, ...]]:
     """Reset-aware unroll by splitting at resets. See :func:`recurrl.functional.recurrent_unroll`.
 
@@ -81,6 +85,8 @@ def pad_unroll(
         return y, last
 
     pieces = split_pieces(is_init)
+    if lstm_weights is not None:
+        return bucketed_lstm_unroll(cfg, lstm_weights, x, states, pieces, training=training)
     lengths = pieces.lengths
     total = n * steps
     device = x.device
