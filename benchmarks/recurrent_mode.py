@@ -1,0 +1,101 @@
+"""Recurrent-mode forward+backward of LSTMModule/GRUModule against plain torch RNNs.
+
+B=32 sequences of T=64 steps, F=16 input features, H in {64, 256}; resets: none, or random
+with mean episode length 16 and 4. The reference is plain ``torch.nn.LSTM``/``nn.GRU`` on the
+same batch WITHOUT resets (it cannot handle them): the ratio says what honouring resets, the
+TensorDict plumbing and the backend cost on top of the fused torch kernel.
+
+Run: ``python benchmarks/recurrent_mode.py [--threads N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import compare
+
+from recurrl.modules import GRUModule, LSTMModule, set_recurrent_mode
+
+B, T, F = 32, 64, 16
+
+
+def make_batch(kind: str, hidden: int, mean_episode: int | None) -> TensorDict:
+    g = torch.Generator().manual_seed(0)
+    if mean_episode is None:
+        is_init = torch.zeros(B, T, 1, dtype=torch.bool)
+    else:
+        is_init = torch.rand(B, T, 1, generator=g) < 1.0 / mean_episode
+    data = {"obs": torch.randn(B, T, F, generator=g), "is_init": is_init}
+    names = ["h", "c"] if kind == "lstm" else ["h"]
+    for name in names:
+        data[name] = torch.randn(B, T, 1, hidden, generator=g) * 0.1
+    return TensorDict(data, batch_size=[B, T])
+
+
+def run(hidden_sizes: list[int], rounds: int) -> list[str]:
+    rows = []
+    for kind in ("lstm", "gru"):
+        for hidden in hidden_sizes:
+            torch.manual_seed(0)
+            cls, plain_cls = (
+                (LSTMModule, torch.nn.LSTM) if kind == "lstm" else (GRUModule, torch.nn.GRU)
+            )
+            states = ["h", "c"] if kind == "lstm" else ["h"]
+            modules = {
+                backend: cls(
+                    F,
+                    hidden,
+                    recurrent_backend=backend,
+                    in_keys=["obs", *states],
+                    out_keys=["out", *(("next", s) for s in states)],
+                )
+                for backend in ("pad", "scan", "auto")
+            }
+            plain = plain_cls(F, hidden, batch_first=True)
+            x = torch.randn(B, T, F, requires_grad=True)
+
+            def plain_fn(plain=plain, x=x):
+                plain(x)[0].sum().backward()
+
+            for mean_episode in (None, 16, 4):
+                td = make_batch(kind, hidden, mean_episode)
+                fns = {"plain": plain_fn}
+                for backend, module in modules.items():
+
+                    def fn(module=module, td=td):
+                        with set_recurrent_mode(True):
+                            out = module(td.copy())
+                        out["out"].sum().backward()
+
+                    fns[backend] = fn
+                times = compare(fns, rounds=rounds)
+                resets = "none" if mean_episode is None else f"ep~{mean_episode}"
+                ratios = "  ".join(f"{b}={times[b] / times['plain']:.2f}x" for b in modules)
+                rows.append(
+                    f"{kind.upper():4} H={hidden:<4} resets={resets:6} "
+                    f"plain={times['plain'] * 1e3:7.2f}ms  {ratios}"
+                )
+                print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--hidden", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, B={B} T={T} F={F}")
+    run(args.hidden, args.rounds)
+
+
+if __name__ == "__main__":
+    main()

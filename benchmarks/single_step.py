@@ -1,0 +1,67 @@
+"""One sequential-mode step of LSTMModule/GRUModule on a TensorDict against torch cells.
+
+Batch [8], F=16, H=64: the reference is ``nn.LSTMCell``/``nn.GRUCell`` on plain tensors
+(no TensorDict, no reset handling), i.e. the floor for one collection step.
+
+Run: ``python benchmarks/single_step.py [--threads N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import compare
+
+from recurrl.modules import GRUModule, LSTMModule
+
+B, F, H = 8, 16, 64
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, B={B} F={F} H={H}")
+    torch.manual_seed(0)
+    x = torch.randn(B, F)
+    is_init = torch.zeros(B, 1, dtype=torch.bool)
+    is_init[0] = True
+    with torch.no_grad():
+        for kind in ("lstm", "gru"):
+            states = ["h", "c"] if kind == "lstm" else ["h"]
+            cell = torch.nn.LSTMCell(F, H) if kind == "lstm" else torch.nn.GRUCell(F, H)
+            hx = tuple(torch.randn(B, H) for _ in states)
+            cls = LSTMModule if kind == "lstm" else GRUModule
+            fns = {"cell": (lambda cell=cell, hx=hx: cell(x, hx if len(hx) > 1 else hx[0]))}
+            for python_based in (False, True):
+                module = cls(
+                    F,
+                    H,
+                    python_based=python_based,
+                    in_keys=["obs", *states],
+                    out_keys=["out", *(("next", s) for s in states)],
+                )
+                td = TensorDict(
+                    {"obs": x, "is_init": is_init, **{s: torch.randn(B, 1, H) for s in states}},
+                    batch_size=[B],
+                )
+                fns["python" if python_based else "fused"] = lambda m=module, td=td: m(td)
+            times = compare(fns, rounds=9, inner=200)
+            print(
+                f"{kind.upper():4} cell={times['cell'] * 1e6:6.1f}us  "
+                f"module={times['fused'] * 1e6:6.1f}us ({times['fused'] / times['cell']:.2f}x)  "
+                f"python_based={times['python'] * 1e6:6.1f}us "
+                f"({times['python'] / times['cell']:.2f}x)"
+            )
+
+
+if __name__ == "__main__":
+    main()

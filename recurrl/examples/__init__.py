@@ -1,0 +1,1 @@
+"""Runnable examples: ``python -m recurrl.examples.<name>``."""

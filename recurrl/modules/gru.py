@@ -1,0 +1,119 @@
+"""``GRUModule``: a GRU that reads and writes its hidden state in TensorDicts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from tensordict.utils import NestedKey
+from torch import nn
+
+from recurrl.functional.rnn import GRU
+from recurrl.modules.recurrent import RecurrentModule
+
+__all__ = ["GRUModule"]
+
+
+class GRUModule(RecurrentModule):
+    """A stacked GRU on TensorDicts, one step at a time or over whole sequences.
+
+    The module reads ``in_keys = [input, h, "is_init"]`` and writes ``out_keys =
+    [output, ("next", h)]``. The state is ``[*B, num_layers, H]``.
+
+    * Sequential mode (default): input ``[*B, input_size]``; ``is_init`` True zeroes the
+      incoming state of that element.
+    * Recurrent mode (inside ``set_recurrent_mode(True)`` or with
+      ``default_recurrent_mode=True``): input ``[*B, T, input_size]`` with time the last batch
+      dim; each row starts from the state stored at its first step and restarts from the
+      stored state at every ``is_init``. ``("next", h)`` is exact at every
+      trajectory end (the step before an ``is_init`` and the last step) and zero elsewhere.
+
+    Args:
+        input_size: features of the input.
+        hidden_size: features of the hidden state.
+        num_layers: stacked layers. Default: 1.
+        bias: use ``b_ih``/``b_hh``. Default: True.
+        dropout: dropout on the outputs of every layer but the last (training). Default: 0.
+        python_based: use recurrl's python-native GRU instead of torch's fused one (works
+            under ``torch.vmap``/``torch.compile``). Default: False.
+        recurrent_backend: how recurrent mode handles resets: ``"pad"`` (split at resets, run
+            torch's fused kernel on the pieces), ``"scan"`` (time loop with ``where``),
+            ``"triton"`` (GPU kernel) or ``"auto"`` (the fastest for the input; see
+            ``docs/implementation_details.md``). All give the same numbers. Default: "pad".
+        recurrent_compute_dtype: dtype of the ``triton`` backend's recurrent matmul
+            (``torch.float32`` or ``torch.bfloat16``). Default: ``torch.float32``.
+        recurrent_recompute: ``"none"`` or ``"full"`` (recompute activations in backward;
+            not with ``"pad"``). Default: "none".
+        recurrent_matmul_precision: precision of the ``triton`` backend's matmul:
+            ``"ieee"``, ``"tf32"``, ``"tf32x3"``, ``"fast"``, ``"high-prec"`` or ``"auto"``.
+            Default: "auto".
+
+    Keyword Args:
+        in_key: the input key; the state key defaults to ``"recurrent_state"``. Exclusive
+            with ``in_keys``.
+        in_keys: ``[input, h]`` keys (``"is_init"`` is appended). Exclusive with ``in_key``.
+        out_key: the output key; state outputs default to ``("next", <state key>)``.
+        out_keys: ``[output, ("next", h)]``. Exclusive with ``out_key``.
+        device: device of the parameters.
+        gru: an existing ``torch.nn.GRU`` (or recurrl ``GRU``) to wrap, exclusive with the
+            arguments that build one.
+        default_recurrent_mode: mode when no ``set_recurrent_mode`` is active. Default: False.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from recurrl.modules import GRUModule, set_recurrent_mode
+        >>> gru = GRUModule(input_size=3, hidden_size=8, in_key="obs", out_key="features")
+        >>> gru.in_keys
+        ['obs', 'recurrent_state', 'is_init']
+        >>> step = TensorDict({"obs": torch.randn(4, 3),
+        ...                    "is_init": torch.ones(4, 1, dtype=torch.bool)}, batch_size=[4])
+        >>> gru(step)["next", "recurrent_state"].shape
+        torch.Size([4, 1, 8])
+        >>> seq = TensorDict({"obs": torch.randn(4, 10, 3),
+        ...                   "recurrent_state": torch.zeros(4, 10, 1, 8),
+        ...                   "is_init": torch.zeros(4, 10, 1, dtype=torch.bool)},
+        ...                  batch_size=[4, 10])
+        >>> with set_recurrent_mode(True):
+        ...     out = gru(seq)
+        >>> out["features"].shape
+        torch.Size([4, 10, 8])
+    """
+
+    _mode = "gru"
+    _rnn_name = "gru"
+    _default_state_keys = ("recurrent_state",)
+    _torch_cls = nn.GRU
+    _python_cls = GRU
+
+    def __init__(
+        self,
+        input_size: int | None = None,
+        hidden_size: int | None = None,
+        num_layers: int = 1,
+        bias: bool = True,
+        dropout: float = 0.0,
+        python_based: bool = False,
+        recurrent_backend: str = "pad",
+        recurrent_compute_dtype: torch.dtype = torch.float32,
+        recurrent_recompute: str = "none",
+        recurrent_matmul_precision: str = "auto",
+        *,
+        in_key: NestedKey | None = None,
+        in_keys: Sequence[NestedKey] | None = None,
+        out_key: NestedKey | None = None,
+        out_keys: Sequence[NestedKey] | None = None,
+        device: torch.device | str | None = None,
+        gru: nn.Module | None = None,
+        default_recurrent_mode: bool | None = None,
+    ) -> None:
+        super().__init__()
+        self._setup(
+            input_size=input_size, hidden_size=hidden_size, num_layers=num_layers, bias=bias,
+            dropout=dropout, proj_size=0, python_based=python_based,
+            recurrent_backend=recurrent_backend, recurrent_compute_dtype=recurrent_compute_dtype,
+            recurrent_recompute=recurrent_recompute,
+            recurrent_matmul_precision=recurrent_matmul_precision, in_key=in_key,
+            in_keys=in_keys, out_key=out_key, out_keys=out_keys, device=device, rnn=gru,
+            default_recurrent_mode=default_recurrent_mode,
+        )  # fmt: skip

@@ -1,0 +1,470 @@
+"""``RecurrentModule``: the TensorDict adapter shared by :class:`LSTMModule` and :class:`GRUModule`.
+
+The module reads an input, its stored hidden state and ``is_init`` from a TensorDict, runs a
+stacked LSTM/GRU and writes the output and ``("next", state)``. LSTM and GRU differ only in
+the cell (``"lstm"``/``"gru"``) and in the number of state tensors (2 or 1), which the
+subclasses declare; everything else lives here.
+
+Two execution modes (see :class:`~recurrl.modules.set_recurrent_mode`):
+
+* sequential (default): one step for any batch ``[*B]``; ``is_init`` True zeroes the incoming
+  state (the env just reset);
+* recurrent: time is the last batch dim; each row starts from the state stored at its first
+  step and every ``is_init`` True restarts from the state stored at that step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from tensordict.utils import NestedKey
+from torch import Tensor, nn
+
+from recurrl.functional.precision import validate_recurrent_matmul_precision
+from recurrl.functional.recurrent import (
+    RNNConfig,
+    check_recurrent_options,
+    fused_runner,
+    recurrent_step,
+    recurrent_unroll,
+)
+from recurrl.modules.recurrent_mode import _current
+
+__all__ = ["RecurrentModule"]
+
+IS_INIT_KEY = "is_init"
+_COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _as_key(key: NestedKey) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def _show(key: NestedKey) -> str:
+    key = _as_key(key)
+    return repr(key[0]) if len(key) == 1 else repr(key)
+
+
+class RecurrentModule(TensorDictModuleBase):
+    """Base class of the recurrent TensorDict modules. Use :class:`LSTMModule` or
+    :class:`GRUModule`; subclasses only declare the class attributes below."""
+
+    #: ``"lstm"`` or ``"gru"``
+    _mode: ClassVar[str]
+    #: attribute (and constructor argument) holding the wrapped network: ``"lstm"``/``"gru"``
+    _rnn_name: ClassVar[str]
+    #: default names of the state keys
+    _default_state_keys: ClassVar[tuple[str, ...]]
+    _torch_cls: ClassVar[type[nn.Module]]
+    _python_cls: ClassVar[type[nn.Module]]
+
+    def _setup(
+        self,
+        *,
+        input_size: int | None,
+        hidden_size: int | None,
+        num_layers: int,
+        bias: bool,
+        dropout: float,
+        proj_size: int,
+        python_based: bool,
+        recurrent_backend: str,
+        recurrent_compute_dtype: torch.dtype,
+        recurrent_recompute: str,
+        recurrent_matmul_precision: str,
+        in_key: NestedKey | None,
+        in_keys: Sequence[NestedKey] | None,
+        out_key: NestedKey | None,
+        out_keys: Sequence[NestedKey] | None,
+        device: torch.device | str | None,
+        rnn: nn.Module | None,
+        default_recurrent_mode: bool | None,
+    ) -> None:
+        name = type(self).__name__
+        self.in_keys, self.out_keys = self._resolve_keys(in_key, in_keys, out_key, out_keys)
+        rnn = self._build_rnn(
+            rnn, input_size, hidden_size, num_layers, bias, dropout, proj_size, device
+        )
+        check_recurrent_options(
+            recurrent_backend, recurrent_recompute, python_based=python_based, device=device
+        )
+        if recurrent_compute_dtype not in _COMPUTE_DTYPES:
+            raise ValueError(
+                f"{name}: recurrent_compute_dtype must be one of {_COMPUTE_DTYPES}, "
+                f"got {recurrent_compute_dtype!r}."
+            )
+        self.recurrent_matmul_precision = validate_recurrent_matmul_precision(
+            recurrent_matmul_precision
+        ).value
+        if default_recurrent_mode is not None and not isinstance(default_recurrent_mode, bool):
+            raise ValueError(
+                f"{name}: default_recurrent_mode must be a bool or None, "
+                f"got {default_recurrent_mode!r}."
+            )
+        if python_based and isinstance(rnn, self._torch_cls):
+            rnn = self._convert(rnn, self._python_cls)
+        elif not python_based and isinstance(rnn, self._python_cls):
+            python_based = True
+        self._set_rnn(rnn, python_based)
+        self.recurrent_backend = recurrent_backend
+        self.recurrent_recompute = recurrent_recompute
+        self.recurrent_compute_dtype = recurrent_compute_dtype
+        self.default_recurrent_mode = bool(default_recurrent_mode)
+
+    # ------------------------------------------------------------------ construction
+    def _resolve_keys(
+        self,
+        in_key: NestedKey | None,
+        in_keys: Sequence[NestedKey] | None,
+        out_key: NestedKey | None,
+        out_keys: Sequence[NestedKey] | None,
+    ) -> tuple[list[NestedKey], list[NestedKey]]:
+        name = type(self).__name__
+        n_states = len(self._default_state_keys)
+        if (in_key is None) == (in_keys is None):
+            raise ValueError(
+                f"{name}: pass exactly one of in_key (the input key; the state keys then "
+                f"default to {list(self._default_state_keys)}) or in_keys (input and state "
+                f"keys), got in_key={in_key!r} and in_keys={in_keys!r}."
+            )
+        if (out_key is None) == (out_keys is None):
+            raise ValueError(
+                f"{name}: pass exactly one of out_key or out_keys, got out_key={out_key!r} "
+                f"and out_keys={out_keys!r}."
+            )
+        if in_key is not None:
+            in_keys = [in_key, *self._default_state_keys]
+        in_keys = list(in_keys)
+        if len(in_keys) == n_states + 2 and in_keys[-1] == IS_INIT_KEY:
+            in_keys = in_keys[:-1]
+        if len(in_keys) != n_states + 1:
+            raise ValueError(
+                f"{name}: in_keys must hold {n_states + 1} keys [input, "
+                f"{', '.join('state' for _ in range(n_states))}], got {in_keys!r}."
+            )
+        if out_key is not None:
+            out_keys = [out_key, *(("next", *_as_key(k)) for k in in_keys[1:])]
+        out_keys = list(out_keys)
+        if len(out_keys) != n_states + 1:
+            raise ValueError(
+                f"{name}: out_keys must hold {n_states + 1} keys [output, "
+                f"{', '.join('next state' for _ in range(n_states))}], got {out_keys!r}."
+            )
+        for k_in, k_out in zip(in_keys[1:], out_keys[1:], strict=True):
+            if _as_key(k_out) != ("next", *_as_key(k_in)):
+                raise ValueError(
+                    f"{name}: the output state key for {_show(k_in)} must be "
+                    f"{('next', *_as_key(k_in))!r}, got {k_out!r}. The env's step_mdp moves "
+                    f"('next', key) to key between steps; any other name would feed the "
+                    f"stored initial state back at every step and silently lose the memory."
+                )
+        return [*in_keys, IS_INIT_KEY], out_keys
+
+    def _build_rnn(
+        self,
+        rnn: nn.Module | None,
+        input_size: int | None,
+        hidden_size: int | None,
+        num_layers: int,
+        bias: bool,
+        dropout: float,
+        proj_size: int,
+        device: torch.device | str | None,
+    ) -> nn.Module:
+        name, arg = type(self).__name__, self._rnn_name
+        if rnn is None:
+            if input_size is None or hidden_size is None:
+                raise ValueError(
+                    f"{name}: input_size and hidden_size are required (or pass an existing "
+                    f"module with {arg}=...), got input_size={input_size!r}, "
+                    f"hidden_size={hidden_size!r}."
+                )
+            kwargs: dict[str, Any] = {"proj_size": proj_size} if proj_size else {}
+            return self._torch_cls(input_size, hidden_size, num_layers, bias=bias,
+                                   batch_first=True, dropout=dropout, device=device,
+                                   **kwargs)  # fmt: skip
+        given = {
+            "input_size": input_size, "hidden_size": hidden_size,
+            "num_layers": None if num_layers == 1 else num_layers,
+            "bias": None if bias else bias, "dropout": dropout or None,
+            "proj_size": proj_size or None,
+        }  # fmt: skip
+        clash = [k for k, v in given.items() if v is not None]
+        if clash:
+            raise ValueError(
+                f"{name}: {arg}= wraps an existing module and is exclusive with the arguments "
+                f"that build one; drop {clash} (they are read from the module)."
+            )
+        if not isinstance(rnn, (self._torch_cls, self._python_cls)):
+            raise ValueError(
+                f"{name}: {arg}= must be a torch.nn.{self._torch_cls.__name__} or a "
+                f"recurrl {self._python_cls.__name__}, got {type(rnn).__name__}."
+            )
+        if getattr(rnn, "bidirectional", False):
+            raise ValueError(
+                f"{name}: bidirectional networks cannot run one step at a time; pass a "
+                f"module built with bidirectional=False."
+            )
+        if device is not None:
+            rnn = rnn.to(device)
+        return rnn
+
+    @staticmethod
+    def _convert(rnn: nn.Module, cls: type[nn.Module]) -> nn.Module:
+        kwargs: dict[str, Any] = {}
+        if getattr(rnn, "proj_size", 0):
+            kwargs["proj_size"] = rnn.proj_size
+        weight = next(rnn.parameters())
+        new = cls(rnn.input_size, rnn.hidden_size, rnn.num_layers, bias=rnn.bias,
+                  batch_first=True, dropout=rnn.dropout, device=weight.device,
+                  dtype=weight.dtype, **kwargs)  # fmt: skip
+        new.load_state_dict(rnn.state_dict())
+        new.train(rnn.training)
+        return new
+
+    def _set_rnn(self, rnn: nn.Module, python_based: bool) -> None:
+        setattr(self, self._rnn_name, rnn)
+        self.python_based = python_based
+        self._cfg = self.config
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def rnn(self) -> nn.Module:
+        """The wrapped ``nn.LSTM``/``nn.GRU`` (or its python-native twin)."""
+        return getattr(self, self._rnn_name)
+
+    @property
+    def config(self) -> RNNConfig:
+        """Static description of the wrapped network."""
+        rnn = self.rnn
+        return RNNConfig(self._mode, rnn.input_size, rnn.hidden_size, rnn.num_layers,
+                         bool(rnn.bias), float(rnn.dropout), getattr(rnn, "proj_size", 0))  # fmt: skip
+
+    @property
+    def recurrent_mode(self) -> bool:
+        """Whether this module runs in recurrent mode now (context, else its default)."""
+        mode = _current()
+        return self.default_recurrent_mode if mode is None else mode
+
+    def set_recurrent_mode(self, mode: bool = True) -> None:
+        """Removed: raises ``RuntimeError`` naming the replacement."""
+        raise RuntimeError(
+            f"{type(self).__name__}.set_recurrent_mode() was removed. Use the context manager "
+            f"`with recurrl.modules.set_recurrent_mode(True): ...` (also a decorator), or "
+            f"build the module with default_recurrent_mode=True."
+        )
+
+    @property
+    def state_keys(self) -> list[NestedKey]:
+        """The keys the stored state is read from."""
+        return self.in_keys[1:-1]
+
+    @property
+    def recurrent_state_spec(self) -> dict[NestedKey, tuple[torch.Size, torch.dtype]]:
+        """Shape (without batch dims) and dtype of every state key: ``[num_layers, S]``."""
+        cfg = self.config
+        dtype = next(self.rnn.parameters()).dtype
+        return {
+            key: (torch.Size([cfg.num_layers, size]), dtype)
+            for key, size in zip(self.state_keys, cfg.state_sizes, strict=True)
+        }
+
+    def make_tensordict_primer(self):
+        """A ``TensorDictPrimer`` that puts zero states in the env's TensorDicts on reset.
+
+        Append it to the env (``env.append_transform(module.make_tensordict_primer())``) so
+        that the state keys are part of the env's specs and ride from step to step.
+        """
+        from recurrl.envs.specs import Unbounded
+        from recurrl.envs.transforms import TensorDictPrimer
+
+        device = next(self.rnn.parameters()).device
+        return TensorDictPrimer(
+            {key: Unbounded(shape=shape, dtype=dtype, device=device)
+             for key, (shape, dtype) in self.recurrent_state_spec.items()},
+            expand_specs=True,
+        )  # fmt: skip
+
+    @property
+    def canonical_keys(self) -> list[NestedKey]:
+        """Keys whose memory layout matters to this module: its in_keys and out_keys."""
+        return [*self.in_keys, *self.out_keys]
+
+    def canonicalize(self, data: TensorDictBase, *, inplace: bool = False) -> TensorDictBase:
+        """Make the leaves under :attr:`canonical_keys` contiguous, leaving the rest alone.
+
+        Args:
+            data: TensorDict to canonicalize; keys absent from it are skipped.
+            inplace: mutate ``data`` and return it, instead of a shallow copy.
+        """
+        out = data if inplace else data.copy()
+        for key in self.canonical_keys:
+            value = data.get(key, None)
+            if isinstance(value, Tensor) and not value.is_contiguous():
+                out.set(key, value.contiguous())
+        return out
+
+    def make_python_based(self):
+        """Swap the wrapped network for its python-native twin (same weights). Returns self."""
+        if not self.python_based:
+            self._set_rnn(self._convert(self.rnn, self._python_cls), True)
+        return self
+
+    def make_cudnn_based(self):
+        """Swap the wrapped network for torch's fused one (same weights). Returns self."""
+        if self.python_based:
+            self._set_rnn(self._convert(self.rnn, self._torch_cls), False)
+        return self
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, tensordict: TensorDictBase, **kwargs: Any) -> TensorDictBase:
+        """Read the input, state and ``is_init``; write the output and ``("next", state)``.
+
+        Shapes: sequential mode ``x [*B, F]``, states ``[*B, num_layers, S]``, ``is_init
+        [*B, 1]``; recurrent mode the same with a time dim ``T`` last among the batch dims.
+        """
+        if self.recurrent_mode:
+            return self._forward_sequence(tensordict)
+        return self._forward_step(tensordict)
+
+    def _flat_weights(self) -> list[Tensor]:
+        rnn = self.rnn
+        return rnn.flat_weights if self.python_based else rnn._flat_weights
+
+    def _runner(self):
+        rnn = self.rnn
+        if not self.python_based:
+            return fused_runner(self._cfg, rnn._flat_weights, self.training)
+        lstm = self._mode == "lstm"
+
+        def run(x: Tensor, hx: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
+            if not rnn.batch_first:
+                x = x.transpose(0, 1)
+            y, out = rnn(x, hx if lstm else hx[0])
+            y = y if rnn.batch_first else y.transpose(0, 1)
+            return y, (tuple(out) if lstm else (out,))
+
+        return run
+
+    def _read_input(self, td: TensorDictBase, batch: torch.Size) -> Tensor:
+        key = self.in_keys[0]
+        x = td.get(key, None)
+        if x is None:
+            raise KeyError(
+                f"{type(self).__name__}: input key {_show(key)} not found in the TensorDict "
+                f"(keys: {sorted(map(str, td.keys(True, True)))})."
+            )
+        size = self.rnn.input_size
+        if x.shape[: len(batch)] != batch or x.dim() != len(batch) + 1 or x.shape[-1] != size:
+            raise ValueError(
+                f"{type(self).__name__}: input {_show(key)} must have shape "
+                f"[*B, {size}] with batch dims {list(batch)}, got {list(x.shape)}."
+            )
+        return x
+
+    def _read_is_init(self, td: TensorDictBase, batch: torch.Size) -> Tensor:
+        is_init = td.get(IS_INIT_KEY, None)
+        if is_init is None:
+            raise KeyError(
+                f"{type(self).__name__}: key 'is_init' not found in the TensorDict. It marks "
+                f"episode starts, so the hidden state is reset there, and is written by the "
+                f"InitTracker transform. Fix: env = env.append_transform(InitTracker()) "
+                f"(from recurrl.envs import InitTracker)."
+            )
+        if is_init.shape == (*batch, 1):
+            is_init = is_init.squeeze(-1)
+        if is_init.shape != batch:
+            raise ValueError(
+                f"{type(self).__name__}: 'is_init' must have shape [*B, 1] with batch dims "
+                f"{list(batch)}, got {list(is_init.shape)}."
+            )
+        return is_init if is_init.dtype == torch.bool else is_init.bool()
+
+    def _read_states(
+        self, td: TensorDictBase, batch: torch.Size, like: Tensor, is_init: Tensor | None
+    ) -> tuple[Tensor, ...]:
+        """Stored states, each ``[*batch, L, S]``. ``is_init`` given (sequential mode) allows
+        missing states when every element starts an episode (they would be zeroed anyway)."""
+        cfg = self._cfg
+        states = []
+        for key, size in zip(self.state_keys, cfg.state_sizes, strict=True):
+            expected = (*batch, cfg.num_layers, size)
+            value = td.get(key, None)
+            if value is None:
+                if is_init is not None and bool(is_init.all()):
+                    value = like.new_zeros(expected)
+                else:
+                    raise KeyError(
+                        f"{type(self).__name__}: hidden-state key {_show(key)} not found in "
+                        f"the TensorDict. The env must carry it from step to step, which the "
+                        f"TensorDictPrimer transform sets up. Fix: env = env.append_transform("
+                        f"module.make_tensordict_primer()) (or get_primers_from_module(policy)"
+                        f" for a whole policy)."
+                    )
+            elif value.shape != expected:
+                raise ValueError(
+                    f"{type(self).__name__}: hidden state {_show(key)} must have shape "
+                    f"[*B, num_layers, H] = {list(expected)}, got {list(value.shape)}."
+                )
+            states.append(value if value.dtype == like.dtype else value.to(like.dtype))
+        return tuple(states)
+
+    def _forward_step(self, td: TensorDictBase) -> TensorDictBase:
+        batch = td.batch_size
+        x = self._read_input(td, batch)
+        is_init = self._read_is_init(td, batch)
+        states = self._read_states(td, batch, x, is_init)
+        n = batch.numel()
+        reset = is_init.reshape(n, 1, 1)
+        y, new_states = recurrent_step(
+            self._cfg,
+            self._flat_weights(),
+            x.reshape(n, x.shape[-1]),
+            tuple(s.reshape(n, *s.shape[-2:]).masked_fill(reset, 0) for s in states),
+            training=self.training,
+            python_based=self.python_based,
+        )
+        td.set(self.out_keys[0], y.reshape(*batch, y.shape[-1]))
+        for key, s in zip(self.out_keys[1:], new_states, strict=True):
+            td.set(key, s.reshape(*batch, *s.shape[-2:]))
+        return td
+
+    def _forward_sequence(self, td: TensorDictBase) -> TensorDictBase:
+        batch = td.batch_size
+        if not batch:
+            raise ValueError(
+                f"{type(self).__name__} in recurrent mode needs a time dimension (the last "
+                f"batch dim), got a TensorDict with batch_size []. Give it [T] or [*B, T] "
+                f"data, or run it outside set_recurrent_mode(True) for a single step."
+            )
+        x = self._read_input(td, batch)
+        is_init = self._read_is_init(td, batch)
+        states = self._read_states(td, batch, x, None)
+        steps = batch[-1]
+        n = batch.numel() // steps if steps else 0
+        y, new_states = recurrent_unroll(
+            self._cfg,
+            self._flat_weights(),
+            x.reshape(n, steps, x.shape[-1]),
+            tuple(s.reshape(n, steps, *s.shape[-2:]) for s in states),
+            is_init.reshape(n, steps),
+            backend=self.recurrent_backend,
+            training=self.training,
+            recompute=self.recurrent_recompute,
+            python_based=self.python_based,
+            runner=self._runner() if self.python_based else None,
+        )
+        td.set(self.out_keys[0], y.reshape(*batch, y.shape[-1]))
+        for key, s in zip(self.out_keys[1:], new_states, strict=True):
+            td.set(key, s.reshape(*batch, *s.shape[-2:]))
+        return td
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_keys={self.in_keys}, out_keys={self.out_keys}, python_based="
+            f"{self.python_based}, recurrent_backend={self.recurrent_backend!r}"
+        )

@@ -1,0 +1,103 @@
+"""``set_recurrent_mode``: choose between one-step and whole-sequence execution.
+
+Recurrent modules run in *sequential* mode (one step per call, used while collecting) unless
+*recurrent* mode (a whole ``[*B, T]`` sequence per call, used in losses) is switched on. The
+switch is thread-local: a thread started inside a ``set_recurrent_mode`` block sees each
+module's own default, and so do worker processes.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["recurrent_mode", "set_recurrent_mode"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_local = threading.local()
+
+_NAMES = {"recurrent": True, "sequential": False}
+
+
+def _parse_mode(mode: bool | str) -> bool:
+    if isinstance(mode, bool):
+        return mode
+    if isinstance(mode, str) and mode in _NAMES:
+        return _NAMES[mode]
+    raise ValueError(
+        f"set_recurrent_mode expects True/False, 'recurrent' or 'sequential', got {mode!r}."
+    )
+
+
+def _current() -> bool | None:
+    """The mode set in this thread, or ``None`` when no ``set_recurrent_mode`` is active."""
+    stack = getattr(_local, "stack", None)
+    return stack[-1] if stack else None
+
+
+def recurrent_mode() -> bool:
+    """Whether recurrent mode is switched on in this thread (``False`` when nothing is set).
+
+    A module built with ``default_recurrent_mode=True`` runs in recurrent mode even when this
+    returns ``False``; read ``module.recurrent_mode`` for a given module's effective mode.
+
+    Examples:
+        >>> recurrent_mode()
+        False
+        >>> with set_recurrent_mode(True):
+        ...     recurrent_mode()
+        True
+    """
+    return bool(_current())
+
+
+class set_recurrent_mode:
+    """Context manager and decorator that sets the recurrent mode in the current thread.
+
+    Args:
+        mode: ``True`` or ``"recurrent"`` for whole-sequence execution, ``False`` or
+            ``"sequential"`` for one step per call. Defaults to ``True``.
+
+    Blocks nest; leaving one restores the enclosing mode. The mode is thread-local.
+
+    Examples:
+        >>> with set_recurrent_mode("recurrent"):
+        ...     with set_recurrent_mode(False):
+        ...         inner = recurrent_mode()
+        ...     outer = recurrent_mode()
+        >>> inner, outer
+        (False, True)
+        >>> @set_recurrent_mode(True)
+        ... def loss_fn():
+        ...     return recurrent_mode()
+        >>> loss_fn()
+        True
+    """
+
+    def __init__(self, mode: bool | str = True) -> None:
+        self.mode = _parse_mode(mode)
+
+    def __enter__(self) -> set_recurrent_mode:
+        stack = getattr(_local, "stack", None)
+        if stack is None:
+            stack = _local.stack = []
+        stack.append(self.mode)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _local.stack.pop()
+
+    def __call__(self, func: _F) -> _F:
+        mode = self.mode
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with set_recurrent_mode(mode):
+                return func(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return f"set_recurrent_mode({self.mode})"
