@@ -82,7 +82,8 @@ class LSTMNet(nn.Module):
         h_size = getattr(lstm, "proj_size", 0) or lstm.hidden_size
         h0 = self._initial(hidden0_in, batch, lstm.num_layers, h_size, emb)
         c0 = self._initial(hidden1_in, batch, lstm.num_layers, lstm.hidden_size, emb)
-        out, (h1, c1) = lstm(emb, (h0.transpose(0, 1).contiguous(), c0.transpose(0, 1).contiguous()))
+        hx = (h0.transpose(0, 1).contiguous(), c0.transpose(0, 1).contiguous())
+        out, (h1, c1) = lstm(emb, hx)
         y = self.linear(out)
         h1, c1 = h1.transpose(0, 1), c1.transpose(0, 1)
         if single_step:

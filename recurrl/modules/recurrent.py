@@ -241,8 +241,9 @@ class RecurrentModule(TensorDictModuleBase):
     def config(self) -> RNNConfig:
         """Static description of the wrapped network."""
         rnn = self.rnn
+        proj = getattr(rnn, "proj_size", 0)
         return RNNConfig(self._mode, rnn.input_size, rnn.hidden_size, rnn.num_layers,
-                         bool(rnn.bias), float(rnn.dropout), getattr(rnn, "proj_size", 0))  # fmt: skip
+                         bool(rnn.bias), float(rnn.dropout), proj)  # fmt: skip
 
     @property
     def recurrent_mode(self) -> bool:
@@ -331,6 +332,13 @@ class RecurrentModule(TensorDictModuleBase):
             return self._forward_sequence(tensordict)
         return self._forward_step(tensordict)
 
+    def _current_config(self) -> RNNConfig:
+        # Sizes cannot change without new weights, but dropout is a plain attribute of the
+        # wrapped module: refresh the cached config if it was edited after construction.
+        if self._cfg.dropout != self.rnn.dropout:
+            self._cfg = self.config
+        return self._cfg
+
     def _flat_weights(self) -> list[Tensor]:
         rnn = self.rnn
         return rnn.flat_weights if self.python_based else rnn._flat_weights
@@ -338,7 +346,7 @@ class RecurrentModule(TensorDictModuleBase):
     def _runner(self):
         rnn = self.rnn
         if not self.python_based:
-            return fused_runner(self._cfg, rnn._flat_weights, self.training)
+            return fused_runner(self._current_config(), rnn._flat_weights, self.training)
         lstm = self._mode == "lstm"
 
         def run(x: Tensor, hx: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
@@ -421,7 +429,7 @@ class RecurrentModule(TensorDictModuleBase):
         n = batch.numel()
         reset = is_init.reshape(n, 1, 1)
         y, new_states = recurrent_step(
-            self._cfg,
+            self._current_config(),
             self._flat_weights(),
             x.reshape(n, x.shape[-1]),
             tuple(s.reshape(n, *s.shape[-2:]).masked_fill(reset, 0) for s in states),
@@ -447,7 +455,7 @@ class RecurrentModule(TensorDictModuleBase):
         steps = batch[-1]
         n = batch.numel() // steps if steps else 0
         y, new_states = recurrent_unroll(
-            self._cfg,
+            self._current_config(),
             self._flat_weights(),
             x.reshape(n, steps, x.shape[-1]),
             tuple(s.reshape(n, steps, *s.shape[-2:]) for s in states),

@@ -152,6 +152,12 @@ def recurrent_unroll(
     """
     name = resolve_backend(backend, x, python_based=python_based, mode=cfg.mode)
     if name == "pad":
+        if python_based and runner is None:
+            raise ValueError(
+                "recurrent_unroll(backend='pad', python_based=True) needs runner= (a call of "
+                "the python-native network on the pieces); without it the pad backend would "
+                "run torch's fused kernels. Pass runner=..., or use backend='scan'."
+            )
         fused = runner is None
         run = runner if not fused else fused_runner(cfg, flat_weights, training)
         lstm_weights = flat_weights if fused and cfg.mode == "lstm" else None

@@ -9,12 +9,15 @@ call on its pieces right-padded to the bucket's longest piece.
 
 Padding normally ruins the final state of every piece shorter than its bucket. Here each
 layer gets one extra input feature, 1 on padding steps and 0 on real ones, whose weight column
-adds ``-60`` to the input gate and ``+60`` to the forget gate: on padding steps ``f == 1.0`` and
-``i == 0`` in float32 (``sigmoid(60)`` rounds to 1; ``sigmoid(-60)`` is ~1e-26), so the cell
-state is carried through unchanged and its gradient passes back unchanged (the saturated gates
-have zero derivative). The final ``c`` of every piece is thus the call's final ``c``, and its
-final ``h`` is the layer's output at the piece's last real step. Layers run one call each so
-every layer's outputs, hence its final ``h``, are available.
+adds ``-s`` to the input gate and ``+s`` to the forget gate. On padding steps the layer input is
+zero and ``|h| <= h_max`` (1, or the projection's row norm), so every gate pre-activation is
+bounded by ``|W_hh|_1 * h_max + |b|``; ``s`` is that bound plus 30, computed from the weights
+at each call, so ``f == 1.0`` and ``i < 1e-13`` in float32 whatever the weights (a fixed
+constant would be cancelled by, say, a forget bias of -60). The cell state is carried through
+unchanged and its gradient passes back unchanged (the saturated gates have zero derivative).
+The final ``c`` of every piece is thus the call's final ``c``, and its final ``h`` is the
+layer's output at the piece's last real step. Layers run one call each so every layer's
+outputs, hence its final ``h``, are available.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from recurrl.functional.sequences import Pieces
 
 __all__ = ["bucketed_lstm_unroll", "plan_buckets"]
 
-_SATURATE = 60.0
+_MARGIN = 30.0  # sigmoid(30) rounds to 1.0 in float32
 
 
 def plan_buckets(lengths: Sequence[int], call_cost: float) -> list[tuple[int, int]]:
@@ -78,6 +81,22 @@ def _call_cost(cfg: RNNConfig) -> float:
     return max(16.0, 15000.0 / cfg.hidden_size)
 
 
+def _freeze_column(cfg: RNNConfig, w) -> Tensor:
+    """Weights ``[4H, 1]`` of the padding flag: ``-s`` on the input gate, ``+s`` on the forget
+    gate, with ``s`` above any pre-activation a padding step can reach (no host sync)."""
+    with torch.no_grad():
+        h_max = w.weight_hr.abs().sum(1).max() if cfg.proj_size else 1.0
+        reach = w.weight_hh.abs().sum(1) * h_max
+        if cfg.bias:
+            reach = reach + (w.bias_ih + w.bias_hh).abs()
+        hid = cfg.hidden_size
+        s = (reach[: 2 * hid].max() + _MARGIN).clamp(max=1e30)
+        column = torch.zeros_like(reach)
+        column[:hid] = -s
+        column[hid : 2 * hid] = s
+    return column.unsqueeze(1)
+
+
 def bucketed_lstm_unroll(
     cfg: RNNConfig,
     flat_weights: Sequence[Tensor],
@@ -111,11 +130,7 @@ def bucketed_lstm_unroll(
     finals: list[tuple[Tensor, Tensor]] = []
     for layer in range(cfg.num_layers):
         w = cfg.layer_weights(flat_weights, layer)
-        hid = cfg.hidden_size
-        freeze = w.weight_ih.new_zeros(4 * hid, 1)
-        freeze[:hid] = -_SATURATE
-        freeze[hid : 2 * hid] = _SATURATE
-        params = [torch.cat([w.weight_ih, freeze], dim=1), w.weight_hh]
+        params = [torch.cat([w.weight_ih, _freeze_column(cfg, w)], dim=1), w.weight_hh]
         if cfg.bias:
             params += [w.bias_ih, w.bias_hh]
         if cfg.proj_size:
