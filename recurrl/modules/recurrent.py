@@ -426,19 +426,28 @@ class RecurrentModule(TensorDictModuleBase):
         x = self._read_input(td, batch)
         is_init = self._read_is_init(td, batch)
         states = self._read_states(td, batch, x, is_init)
-        n = batch.numel()
-        reset = is_init.reshape(n, 1, 1)
+        flat = len(batch) == 1  # the collector's [N] batches need no reshaping
+        if not flat:
+            n = batch.numel()
+            x = x.reshape(n, x.shape[-1])
+            is_init = is_init.reshape(n)
+            states = tuple(s.reshape(n, *s.shape[-2:]) for s in states)
+        # Skipping the reset when nothing restarts is free on CPU; elsewhere it would cost a
+        # device synchronisation per step, so the masking always runs there.
+        if is_init.device.type != "cpu" or bool(is_init.any()):
+            reset = is_init.view(-1, 1, 1)
+            states = tuple(s.masked_fill(reset, 0) for s in states)
         y, new_states = recurrent_step(
             self._current_config(),
             self._flat_weights(),
-            x.reshape(n, x.shape[-1]),
-            tuple(s.reshape(n, *s.shape[-2:]).masked_fill(reset, 0) for s in states),
+            x,
+            states,
             training=self.training,
             python_based=self.python_based,
         )
-        td.set(self.out_keys[0], y.reshape(*batch, y.shape[-1]))
+        td.set(self.out_keys[0], y if flat else y.reshape(*batch, y.shape[-1]))
         for key, s in zip(self.out_keys[1:], new_states, strict=True):
-            td.set(key, s.reshape(*batch, *s.shape[-2:]))
+            td.set(key, s if flat else s.reshape(*batch, *s.shape[-2:]))
         return td
 
     def _forward_sequence(self, td: TensorDictBase) -> TensorDictBase:
