@@ -1,7 +1,9 @@
-"""Environments on TensorDicts: specs, EnvBase, step_mdp, GymEnv and transforms."""
+"""Environments on TensorDicts: specs, EnvBase, step_mdp, GymEnv(s), transforms, checks."""
 
+from recurrl.envs.checks import check_env_specs
 from recurrl.envs.common import EnvBase
 from recurrl.envs.gym import GymEnv
+from recurrl.envs.gym_vector import GymVecEnv
 from recurrl.envs.specs import (
     Binary,
     Bounded,
@@ -15,6 +17,11 @@ from recurrl.envs.specs import (
 from recurrl.envs.transforms import (
     Compose,
     InitTracker,
+    MaskObservation,
+    PreviousAction,
+    PreviousReward,
+    RewardSum,
+    StepCounter,
     TensorDictPrimer,
     Transform,
     TransformedEnv,
@@ -30,14 +37,21 @@ __all__ = [
     "Composite",
     "EnvBase",
     "GymEnv",
+    "GymVecEnv",
     "InitTracker",
+    "MaskObservation",
     "MultiCategorical",
     "OneHot",
+    "PreviousAction",
+    "PreviousReward",
+    "RewardSum",
+    "StepCounter",
     "TensorDictPrimer",
     "TensorSpec",
     "Transform",
     "TransformedEnv",
     "Unbounded",
+    "check_env_specs",
     "find_transform",
     "step_mdp",
 ]

@@ -157,7 +157,7 @@ def _make(env: str | gymnasium.Env, make_kwargs: dict[str, Any]) -> gymnasium.En
         return env
     raise TypeError(
         f"GymEnv: expected a gymnasium env id (str) or a gymnasium.Env instance, received "
-        f"{type(env).__name__} (vector envs are not supported yet)."
+        f"{type(env).__name__}. For a batch of envs pass an id with num_envs=N."
     )
 
 
@@ -180,6 +180,10 @@ class GymEnv(EnvBase):
         categorical_action_encoding: ``Discrete`` spaces become :class:`Categorical`
             integer indices (True) or :class:`OneHot` vectors (False).
         seed: optional seed for the first reset.
+        num_envs: when given, ``GymEnv(...)`` returns a
+            :class:`~recurrl.envs.gym_vector.GymVecEnv` of ``num_envs`` envs (batch
+            ``[num_envs]``; it also takes ``vectorization`` and ``vector_kwargs``). A
+            gymnasium ``VectorEnv`` instance also gives a ``GymVecEnv``.
         **make_kwargs: passed to ``gymnasium.make`` (e.g. ``render_mode``).
 
     Examples:
@@ -194,6 +198,16 @@ class GymEnv(EnvBase):
         (torch.Size([5]), torch.float32)
     """
 
+    def __new__(cls, *args: Any, num_envs: int | None = None, **kwargs: Any) -> GymEnv:
+        # GymEnv(..., num_envs=N) (or GymEnv(vector_env)) builds the batched sibling; Python
+        # then runs its __init__ because a GymVecEnv is a GymEnv.
+        vector_given = bool(args) and isinstance(args[0], gymnasium.vector.VectorEnv)
+        if (num_envs is not None or vector_given) and cls is GymEnv:
+            from recurrl.envs.gym_vector import GymVecEnv  # gym_vector imports this module
+
+            cls = GymVecEnv
+        return super().__new__(cls)
+
     def __init__(
         self,
         env_name_or_instance: str | gymnasium.Env,
@@ -201,15 +215,35 @@ class GymEnv(EnvBase):
         device: torch.device | str = "cpu",
         categorical_action_encoding: bool = True,
         seed: int | None = None,
+        num_envs: None = None,
         **make_kwargs: Any,
     ) -> None:
+        if "vectorization" in make_kwargs or "vector_kwargs" in make_kwargs:
+            raise TypeError(
+                "GymEnv: vectorization / vector_kwargs need num_envs=N (a batched GymVecEnv)."
+            )
         env = _make(env_name_or_instance, make_kwargs)
         super().__init__(device=device, batch_size=())
         self._env = env
+        self._setup(env.observation_space, env.action_space, categorical_action_encoding, seed)
+
+    def _setup(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        categorical_action_encoding: bool,
+        seed: int | None,
+    ) -> None:
+        """Set the specs from the spaces of one env, expanded to ``env.batch_size``."""
+        self._observation_space, self._action_space = observation_space, action_space
         self.categorical_action_encoding = categorical_action_encoding
-        convert = {"categorical_action_encoding": categorical_action_encoding, "device": device}
-        obs_spec = space_to_spec(env.observation_space, **convert)
-        if isinstance(env.observation_space, spaces.Dict):
+        convert = {
+            "batch_size": self.batch_size,
+            "categorical_action_encoding": categorical_action_encoding,
+            "device": self.device,
+        }
+        obs_spec = space_to_spec(observation_space, **convert)
+        if isinstance(observation_space, spaces.Dict):
             assert isinstance(obs_spec, Composite)
             clash = _RESERVED_KEYS & set(obs_spec.keys())
             if clash:
@@ -219,9 +253,9 @@ class GymEnv(EnvBase):
                 )
             self.observation_spec = obs_spec
         else:
-            self.observation_spec = Composite(observation=obs_spec)
-        self.action_spec = space_to_spec(env.action_space, **convert)
-        self.reward_spec = Unbounded((1,), device=device)
+            self.observation_spec = Composite(observation=obs_spec, shape=self.batch_size)
+        self.action_spec = space_to_spec(action_space, **convert)
+        self.reward_spec = Unbounded((*self.batch_size, 1), device=self.device)
         self._pending_seed: int | None = None
         if seed is not None:
             self.set_seed(seed)
@@ -232,11 +266,11 @@ class GymEnv(EnvBase):
         return self._env
 
     def _observation_td(self, obs: Any) -> TensorDict:
-        if isinstance(self._env.observation_space, spaces.Dict):
-            entries = numpy_to_tensor(obs, self._env.observation_space, self.observation_spec)
+        if isinstance(self._observation_space, spaces.Dict):
+            entries = numpy_to_tensor(obs, self._observation_space, self.observation_spec)
         else:
             spec = self.observation_spec["observation"]
-            entries = {"observation": numpy_to_tensor(obs, self._env.observation_space, spec)}
+            entries = {"observation": numpy_to_tensor(obs, self._observation_space, spec)}
         return TensorDict(entries, batch_size=self.batch_size, device=self.device)
 
     def _flag(self, value: Any) -> torch.Tensor:
@@ -250,8 +284,11 @@ class GymEnv(EnvBase):
         return self._observation_td(obs)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        action = tensor_to_numpy(tensordict.get("action"), self._env.action_space, self.action_spec)
+        action = tensor_to_numpy(tensordict.get("action"), self._action_space, self.action_spec)
         obs, reward, terminated, truncated, _info = self._env.step(action)
+        return self._step_td(obs, reward, terminated, truncated)
+
+    def _step_td(self, obs: Any, reward: Any, terminated: Any, truncated: Any) -> TensorDict:
         out = self._observation_td(obs)
         reward_t = torch.as_tensor(np.asarray(reward, dtype=np.float32), device=self.device)
         out.set("reward", reward_t.reshape(*self.batch_size, 1))

@@ -170,5 +170,5 @@ def where_reset(
     """
     if mask is None or current is None:
         return reset_value
-    view = mask.reshape(*mask.shape, *([1] * (reset_value.ndim - mask.ndim)))
+    view = mask.reshape((*mask.shape, *([1] * (reset_value.ndim - mask.ndim))))
     return torch.where(view, reset_value, current.to(reset_value.device))

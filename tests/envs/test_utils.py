@@ -125,6 +125,11 @@ class TestWhereReset:
         assert where_reset(None, new, torch.ones(2)) is new
         assert where_reset(torch.tensor([False, False]), new, None) is new
 
+    def test_single_env_scalar_mask(self):
+        out = where_reset(torch.tensor(True), torch.tensor(0), torch.tensor(3))
+        assert out.item() == 0
+        assert where_reset(torch.tensor(False), torch.tensor(0), torch.tensor(3)).item() == 3
+
     def test_inputs_not_modified(self):
         current = torch.ones(2, 3)
         where_reset(torch.tensor([True, False]), torch.zeros(2, 3), current)

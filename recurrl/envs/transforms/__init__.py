@@ -1,12 +1,22 @@
-"""Env transforms: the Transform base, TransformedEnv, Compose, InitTracker, TensorDictPrimer."""
+"""Env transforms: the Transform base, TransformedEnv, Compose and one transform per file."""
 
 from recurrl.envs.transforms.init_tracker import InitTracker
+from recurrl.envs.transforms.mask_observation import MaskObservation
+from recurrl.envs.transforms.previous_action import PreviousAction
+from recurrl.envs.transforms.previous_reward import PreviousReward
 from recurrl.envs.transforms.primer import TensorDictPrimer
+from recurrl.envs.transforms.reward_sum import RewardSum
+from recurrl.envs.transforms.step_counter import StepCounter
 from recurrl.envs.transforms.transform import Compose, Transform, TransformedEnv, find_transform
 
 __all__ = [
     "Compose",
     "InitTracker",
+    "MaskObservation",
+    "PreviousAction",
+    "PreviousReward",
+    "RewardSum",
+    "StepCounter",
     "TensorDictPrimer",
     "Transform",
     "TransformedEnv",

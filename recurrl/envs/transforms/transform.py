@@ -11,6 +11,7 @@ from torch import nn
 
 from recurrl.envs.common import EnvBase
 from recurrl.envs.specs import Composite
+from recurrl.envs.utils import get_reset_mask, where_reset
 
 __all__ = ["Compose", "Transform", "TransformedEnv", "find_transform"]
 
@@ -373,11 +374,28 @@ class TransformedEnv(EnvBase):
 
     # --- reset / step --------------------------------------------------------------------
     def _reset_proc(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:
-        out = self.base_env._reset_proc(tensordict, **kwargs)
+        mask = get_reset_mask(tensordict, self.batch_size)
+        if mask is None or tensordict is None:
+            out = self.base_env._reset_proc(tensordict, **kwargs)
+            self.base_env._check_output(out, "reset")
+            if tensordict is None:
+                tensordict = TensorDict({}, batch_size=self.batch_size, device=self.device)
+            return self.transform._reset(tensordict, out)
+        kept = [k for k, _ in self._keys("observation", "state", "done")]
+        if not bool(mask.any()):
+            return tensordict.select(*kept, strict=False)
+        # Partial reset: the input holds *transformed* values, so the non-reset envs are
+        # merged back here, after the transforms, not by the base env (an in-place
+        # transform would be applied twice, a reshaped key would not fit the base spec).
+        out = self.base_env._reset_proc(tensordict.exclude(*kept), **kwargs)
         self.base_env._check_output(out, "reset")
-        if tensordict is None:
-            tensordict = TensorDict({}, batch_size=self.batch_size, device=self.device)
-        return self.transform._reset(tensordict, out)
+        out = self.transform._reset(tensordict, out)
+        out_keys = out.keys(include_nested=True)
+        for key in kept:
+            current = tensordict.get(key, None)
+            if key in out_keys and current is not None:
+                out.set(key, where_reset(mask, out.get(key), current))
+        return out
 
     def _step_proc(self, tensordict: TensorDictBase) -> TensorDictBase:
         next_td = self.base_env._step_proc(tensordict)

@@ -10,11 +10,18 @@ from tensordict import TensorDict
 from recurrl.envs import (
     Compose,
     Composite,
+    GymEnv,
     InitTracker,
+    MaskObservation,
+    PreviousAction,
+    PreviousReward,
+    RewardSum,
+    StepCounter,
     TensorDictPrimer,
     Transform,
     TransformedEnv,
     Unbounded,
+    check_env_specs,
     find_transform,
 )
 from recurrl.envs.specs import Bounded
@@ -197,6 +204,25 @@ class TestTransformedEnv:
         td = outer.reset()
         assert {"is_init", "scaled", "h"} <= set(td.keys())
 
+    def test_partial_reset_merges_after_in_place_transforms(self):
+        class AddTen(Transform):
+            def _reset(self, tensordict, tensordict_reset):
+                tensordict_reset["observation"] = tensordict_reset["observation"] + 10
+                return tensordict_reset
+
+            def _step(self, tensordict, next_tensordict):
+                next_tensordict["observation"] = next_tensordict["observation"] + 10
+                return next_tensordict
+
+        env = TransformedEnv(CountingEnv(batch_size=(2,), max_steps=9), AddTen())
+        td = env.step_mdp(env.step(env.rand_action(env.reset())))
+        assert td["observation"][:, 0].tolist() == [11.0, 11.0]
+        td["_reset"] = torch.tensor([[True], [False]])
+        out = env.reset(td)  # the kept env is not transformed twice
+        assert out["observation"][:, 0].tolist() == [10.0, 11.0]
+        td["_reset"] = torch.tensor([[False], [False]])
+        assert env.reset(td)["observation"][:, 0].tolist() == [11.0, 11.0]
+
     def test_copy_and_pickle_reattach(self):
         env = TransformedEnv(CountingEnv(), Compose(InitTracker(), Scale()))
         for clone in (copy.deepcopy(env), pickle.loads(pickle.dumps(env))):
@@ -221,6 +247,23 @@ def _transform_factories():
         ),
         "compose": lambda: Compose(InitTracker(), TensorDictPrimer(rs_h=Unbounded((1, 4)))),
         "scale": lambda: Scale(),
+        "step_counter": lambda: StepCounter(),
+        "step_counter_limit": lambda: StepCounter(3),
+        "reward_sum": lambda: RewardSum(),
+        "mask_observation": lambda: MaskObservation([0, 2]),
+        "mask_observation_out_key": lambda: MaskObservation([1], out_key="partial"),
+        "previous_action": lambda: PreviousAction(),
+        "previous_action_one_hot": lambda: PreviousAction(one_hot=True),
+        "previous_reward": lambda: PreviousReward(),
+        "recurrent_inputs": lambda: Compose(
+            InitTracker(),
+            StepCounter(4),
+            RewardSum(),
+            MaskObservation([2, 0]),
+            PreviousAction(one_hot=True),
+            PreviousReward(),
+            TensorDictPrimer(rs_h=Unbounded((1, 4))),
+        ),
     }
 
 
@@ -276,6 +319,21 @@ class TestTransformContract:
         env2 = TransformedEnv(CountingEnv(), FACTORIES[name]())
         env2.load_state_dict(env.state_dict())
         assert env2.observation_spec == env.observation_spec
+
+    def test_batched_gym_vector_env(self, name):
+        env = TransformedEnv(GymEnv("CartPole-v1", num_envs=2, seed=0), FACTORIES[name]())
+        torch.manual_seed(0)
+        data = env.rollout(30, break_when_any_done=False)
+        assert data.batch_size == (2, 30)
+        check_env_specs(env, seed=0, steps=12)
+        env.close()
+
+    def test_check_env_specs_counting_envs(self, name):
+        check_env_specs(TransformedEnv(CountingEnv(max_steps=2), FACTORIES[name]()), steps=5)
+        env = TransformedEnv(
+            CountingEnv(batch_size=(2, 2), max_steps=[[1, 2], [3, 4]]), FACTORIES[name]()
+        )
+        check_env_specs(env, seed=0, steps=7)
 
     def test_clone_is_independent(self, name):
         transform = FACTORIES[name]()
