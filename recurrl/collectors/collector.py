@@ -1,0 +1,420 @@
+"""Collector: run a policy in an env, carry the root TensorDict (hidden state included)
+from step to step and from batch to batch, and yield fixed-size batches."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from tensordict import NestedKey, TensorDict, TensorDictBase
+from torch import nn
+
+from recurrl.collectors._wiring import register_policy_transforms
+from recurrl.envs import EnvBase
+from recurrl.envs.utils import RESET_KEY
+from recurrl.modules import set_recurrent_mode
+
+__all__ = ["Collector"]
+
+TRAJ_KEY = ("collector", "traj_ids")
+Policy = Callable[[TensorDictBase], TensorDictBase | None]
+
+
+def _tuple(key: NestedKey) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+class Collector:
+    """Iterate over batches of ``frames_per_batch`` frames of ``policy`` acting in ``env``.
+
+    Every step holds the root keys (observation, ``is_init``, recurrent state keys, action,
+    policy outputs), the env's outcome under ``"next"`` and ``("collector", "traj_ids")``
+    (int64 ``[*B]``): a globally unique id per trajectory, a new one exactly where a
+    trajectory starts (``is_init`` True), kept across batches.
+
+    Between steps the next root is built like ``env.rollout(break_when_any_done=False)``
+    does: ``("next", k)`` is promoted to ``k`` for the env's observation / state / done keys
+    (so the recurrent state rides along), and finished envs are reset through
+    ``env.reset(td)`` with a ``"_reset"`` mask. The root is also carried from one batch to
+    the next: trajectories continue across batches (unless ``reset_at_each_iter=True``).
+
+    The policy runs in sequential mode (``set_recurrent_mode(False)``) under
+    ``torch.no_grad()``, once per step.
+
+    Args:
+        env: an env (``batch_size`` ``[]`` or ``[N]``, e.g. a batched
+            ``GymEnv(name, num_envs=N)``), or a callable taking no argument that builds one.
+        policy: TensorDict -> TensorDict writing ``"action"`` (may return ``None`` after
+            writing in place). ``None`` takes random actions (``action_spec.rand()``, torch's
+            global RNG).
+
+    Keyword Args:
+        frames_per_batch: frames per yielded batch. Batches have batch size ``[T]`` for a
+            single env and ``[N, T]`` for ``N`` envs, with ``T = frames_per_batch / N``
+            (``frames_per_batch`` must be a multiple of ``N``).
+        total_frames: stop after this many frames; ``-1`` (default) never stops. Rounded up
+            to whole batches: ``ceil(total_frames / frames_per_batch)`` batches are yielded.
+        device: device the policy runs on. The policy is used as is when its parameters are
+            already there, else a copy is moved there (refresh it with
+            :meth:`update_policy_weights_`). Root TensorDicts are moved between the env's
+            device and this one around every policy call. ``None``: the policy as given.
+        storing_device: device of the yielded batches (default: the env's device).
+        auto_register_policy_transforms: when the policy holds recurrent modules and the env
+            lacks an ``InitTracker`` or a primer for some state key, append exactly what is
+            missing (a ``TransformedEnv`` is extended in place; another env is wrapped).
+            With ``False`` the same situation raises ``ValueError`` at construction.
+        reset_at_each_iter: reset every env at the start of every batch.
+        split_trajs: not supported (``True`` raises); use ``("collector", "traj_ids")``.
+        init_random_frames: take random actions instead of the policy for the batches that
+            start before this many frames were collected (whole batches). A recurrent
+            module does not run on those steps: its state keys keep the primer's zeros.
+
+    Attributes:
+        env: the env actually stepped (possibly a ``TransformedEnv`` wrapping the given one).
+        policy: the policy actually called (the given one, or its copy on ``device``).
+
+    Examples:
+        >>> from tensordict.nn import TensorDictModule as Mod, TensorDictSequential as Seq
+        >>> from torch import nn
+        >>> from recurrl.modules import LSTMModule
+        >>> from recurrl.testing import CountingEnv
+        >>> lstm = LSTMModule(3, 8, in_keys=["observation", "rs_h", "rs_c"],
+        ...                   out_keys=["features", ("next", "rs_h"), ("next", "rs_c")])
+        >>> policy = Seq(lstm, Mod(nn.Linear(8, 2), in_keys=["features"], out_keys=["logits"]),
+        ...              Mod(lambda x: x.argmax(-1), in_keys=["logits"], out_keys=["action"]))
+        >>> collector = Collector(CountingEnv(batch_size=(2,), max_steps=3), policy,
+        ...                       frames_per_batch=8, total_frames=16)
+        >>> batches = list(collector)
+        >>> [data.batch_size for data in batches]
+        [torch.Size([2, 4]), torch.Size([2, 4])]
+        >>> data = batches[1]  # steps 4..7: episodes of 3 steps start at step 6
+        >>> data["is_init"].squeeze(-1)
+        tensor([[False, False,  True, False],
+                [False, False,  True, False]])
+        >>> data["collector", "traj_ids"]
+        tensor([[2, 2, 4, 4],
+                [3, 3, 5, 5]])
+        >>> collector.shutdown()
+    """
+
+    def __init__(
+        self,
+        env: EnvBase | Callable[[], EnvBase],
+        policy: Policy | None = None,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        device: torch.device | str | None = None,
+        storing_device: torch.device | str | None = None,
+        auto_register_policy_transforms: bool = True,
+        reset_at_each_iter: bool = False,
+        split_trajs: bool = False,
+        init_random_frames: int | None = None,
+    ) -> None:
+        if not isinstance(env, EnvBase):
+            if not callable(env):
+                raise TypeError(
+                    f"Collector: expected an EnvBase or a callable returning one, received "
+                    f"{type(env).__name__}. Fix: wrap gymnasium envs with recurrl.envs.GymEnv."
+                )
+            env = env()
+            if not isinstance(env, EnvBase):
+                raise TypeError(
+                    f"Collector: the env factory returned {type(env).__name__}, expected an "
+                    f"EnvBase."
+                )
+        if split_trajs:
+            raise ValueError(
+                "Collector: split_trajs=True is not supported. Batches keep the env layout "
+                "[*B, T]; split them yourself with ('collector', 'traj_ids') (a new id at "
+                "every is_init), or sample trajectory slices with a slice sampler."
+            )
+        batch = env.batch_size
+        n_envs = batch.numel()
+        if len(batch) > 1:
+            raise ValueError(
+                f"Collector: expected an env with batch_size [] or [N], received {list(batch)}."
+            )
+        if not isinstance(frames_per_batch, int) or frames_per_batch < 1:
+            raise ValueError(
+                f"Collector: expected frames_per_batch a positive int, received "
+                f"{frames_per_batch!r}."
+            )
+        if frames_per_batch % n_envs:
+            raise ValueError(
+                f"Collector: frames_per_batch={frames_per_batch} is not a multiple of the "
+                f"number of envs {n_envs} (env batch_size {list(batch)}); every env steps "
+                f"the same number of times per batch. Fix: frames_per_batch="
+                f"{max(1, frames_per_batch // n_envs) * n_envs}."
+            )
+        if total_frames != -1 and total_frames < 1:
+            raise ValueError(
+                f"Collector: expected total_frames >= 1 or -1 (endless), received {total_frames}."
+            )
+        self.env = register_policy_transforms(env, policy, auto=auto_register_policy_transforms)
+        self.frames_per_batch = frames_per_batch
+        self.total_frames = total_frames
+        self.reset_at_each_iter = reset_at_each_iter
+        self.init_random_frames = init_random_frames or 0
+        self.device = None if device is None else torch.device(device)
+        self.storing_device = torch.device(
+            storing_device if storing_device is not None else self.env.device
+        )
+        self._given_policy = policy
+        self.policy = self._policy_on_device(policy)
+        self._steps = frames_per_batch // n_envs
+        self._time_dim = len(batch)
+        self.frames = 0
+        self._next_traj_id = 0
+        self._traj_ids: torch.Tensor | None = None
+        self._root: TensorDictBase | None = None
+        self._closed = False
+
+    # --- policy --------------------------------------------------------------------------
+    def _policy_on_device(self, policy: Policy | None) -> Policy | None:
+        if self.device is None or not isinstance(policy, nn.Module):
+            return policy
+        tensors = [*policy.parameters(), *policy.buffers()]
+        if all(t.device == self.device for t in tensors):
+            return policy
+        return copy.deepcopy(policy).to(self.device)
+
+    def update_policy_weights_(self, weights: TensorDictBase | dict | None = None) -> None:
+        """Copy parameters into the collector's policy (in place, before the next step).
+
+        Args:
+            weights: a ``state_dict()`` or a TensorDict of parameters
+                (``TensorDict.from_module(policy)``). ``None``: the given policy's own
+                parameters, which is a no-op when the collector calls that policy itself
+                (it shares them) and refreshes the copy made for another ``device``.
+        """
+        if not isinstance(self.policy, nn.Module):
+            if weights is not None:
+                raise TypeError(
+                    "Collector.update_policy_weights_: the policy is not an nn.Module, so "
+                    "it has no weights to update."
+                )
+            return
+        if weights is None:
+            if self.policy is self._given_policy:
+                return  # shares the parameters already
+            weights = self._given_policy.state_dict()
+        if isinstance(weights, TensorDictBase):
+            target = TensorDict.from_module(self.policy)
+            if target.keys(True, True) == weights.keys(True, True) and all(
+                target.get(k) is weights.get(k) for k in target.keys(True, True)
+            ):
+                return
+            with torch.no_grad():  # parameters are leaves that require grad
+                target.update_(weights.to(self.device) if self.device else weights)
+            return
+        self.policy.load_state_dict(weights)
+
+    # --- iteration -----------------------------------------------------------------------
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        while self.total_frames == -1 or self.frames < self.total_frames:
+            if self._closed:
+                raise RuntimeError("Collector: iterating after shutdown(); build a new one.")
+            yield self.rollout()
+
+    def __len__(self) -> int:
+        if self.total_frames == -1:
+            raise TypeError("Collector: an endless collector (total_frames=-1) has no len().")
+        return math.ceil(self.total_frames / self.frames_per_batch)
+
+    def _start(self) -> TensorDictBase:
+        """Reset every env; every env starts a trajectory."""
+        root = self.env.reset()
+        self._new_ids(torch.ones(self.env.batch_size, dtype=torch.bool, device=root.device))
+        return root
+
+    def _new_ids(self, starts: torch.Tensor) -> None:
+        """Give a new trajectory id to every env flagged in ``starts`` (``[*B]`` bool)."""
+        if self._traj_ids is None:
+            self._traj_ids = torch.full(
+                self.env.batch_size, -1, dtype=torch.int64, device=starts.device
+            )
+        count = int(starts.sum())
+        ids = torch.arange(self._next_traj_id, self._next_traj_id + count, device=starts.device)
+        self._traj_ids = self._traj_ids.masked_scatter(starts, ids)
+        self._next_traj_id += count
+
+    def _act(self, root: TensorDictBase, random: bool) -> TensorDictBase:
+        if random or self.policy is None:
+            return self.env.rand_action(root)
+        moved = self.device is not None and self.device != self.env.device
+        td = root.to(self.device) if moved else root
+        out = self.policy(td)
+        if out is None:
+            out = td
+        elif not isinstance(out, TensorDictBase):
+            raise TypeError(
+                f"Collector: the policy must return a TensorDict (or None after writing in "
+                f"place), received {type(out).__name__}."
+            )
+        return out.to(self.env.device) if moved else out
+
+    def rollout(self) -> TensorDictBase:
+        """Collect one batch (what iterating yields) and update the frame counter."""
+        if self._closed:
+            raise RuntimeError("Collector: rollout() after shutdown(); build a new one.")
+        env = self.env
+        if self._root is None or self.reset_at_each_iter:
+            self._root = self._start()
+        random = self.frames < self.init_random_frames
+        keys = ["done"] if "done" in env.done_spec else env.done_keys
+        done_keys = [("next", *_tuple(k)) for k in keys]  # looked up once per batch
+        root = self._root
+        steps: list[TensorDictBase] = []
+        ids: list[torch.Tensor] = []
+        plan = None
+        # One context for the whole batch, not one per step (it costs a few us each time).
+        with torch.no_grad(), set_recurrent_mode(False):
+            for t in range(self._steps):
+                td = env.step(self._act(root, random))
+                steps.append(td)
+                ids.append(self._traj_ids)
+                done = _any_done(td, done_keys, env.batch_size)
+                if t == 0:
+                    plan = _MdpPlan.build(env, td)
+                root = plan(td) if plan is not None else env.step_mdp(td)
+                if bool(done.any()):
+                    root = self._reset_done(root, done)
+        self._root = root
+        self.frames += self.frames_per_batch
+        return self._stack(steps, ids)
+
+    def _reset_done(self, root: TensorDictBase, done: torch.Tensor) -> TensorDictBase:
+        """Reset the finished envs (``done`` ``[*B]``) as ``env.rollout`` does; new ids."""
+        root.set(RESET_KEY, done.unsqueeze(-1))
+        reset_td = self.env.reset(root)
+        del root[RESET_KEY]
+        root.update(reset_td)
+        self._new_ids(done)
+        return root
+
+    def _stack(self, steps: list[TensorDictBase], ids: list[torch.Tensor]) -> TensorDictBase:
+        try:
+            out = torch.stack(steps, dim=self._time_dim)
+        except RuntimeError as err:
+            raise RuntimeError(
+                "Collector: the steps of a batch hold different keys and cannot be stacked; "
+                "a policy must write the same keys at every step."
+            ) from err
+        out.set(TRAJ_KEY, torch.stack(ids, dim=self._time_dim))
+        return out.to(self.storing_device) if out.device != self.storing_device else out
+
+    # --- seeding, state, shutdown --------------------------------------------------------
+    def set_seed(self, seed: int | None) -> int | None:
+        """Seed the env (applies from its next reset for gymnasium envs); returns ``seed``.
+
+        Random actions use torch's global RNG: seed it with ``torch.manual_seed``.
+        """
+        return self.env.set_seed(seed)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a new collector needs to continue exactly where this one stands.
+
+        Holds the frame counter, the trajectory-id counter and the current ids, the carried
+        root TensorDict (hidden states included), the env's ``state_dict()`` (its
+        ``nn.Module`` buffers, e.g. of transforms) and the policy's ``state_dict()``.
+
+        Limits: env state kept outside ``nn.Module`` buffers (a gymnasium simulator, a
+        subprocess) cannot be saved; see :meth:`load_state_dict`. Torch's global RNG (random
+        actions) is not saved.
+        """
+        policy = self.policy
+        return {
+            "frames": self.frames,
+            "next_traj_id": self._next_traj_id,
+            "traj_ids": None if self._traj_ids is None else self._traj_ids.clone(),
+            "root": None if self._root is None else self._root.clone(),
+            "env": self.env.state_dict(),
+            "policy": policy.state_dict() if isinstance(policy, nn.Module) else None,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` of another collector (same env and policy kinds).
+
+        The carried root is restored only together with a non-empty env ``state_dict`` (the
+        env's state is then restored too, so the two agree). Otherwise the env cannot be put
+        back where it was: the next batch starts with a reset, and trajectory ids go on
+        from the saved counter (they stay globally unique).
+        """
+        self.frames = int(state_dict["frames"])
+        self._next_traj_id = int(state_dict["next_traj_id"])
+        if state_dict.get("policy") is not None and isinstance(self.policy, nn.Module):
+            self.policy.load_state_dict(state_dict["policy"])
+        env_state = state_dict.get("env") or {}
+        if env_state and state_dict.get("root") is not None:
+            self.env.load_state_dict(env_state)
+            self._root = state_dict["root"].clone()
+            self._traj_ids = state_dict["traj_ids"].clone()
+        else:
+            self._root = None
+            self._traj_ids = None
+
+    def shutdown(self) -> None:
+        """Close the env (and its worker processes, if any). Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._root = None
+            self.env.close()
+
+    def __enter__(self) -> Collector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(env={type(self.env).__name__}(batch_size="
+            f"{list(self.env.batch_size)}), frames_per_batch={self.frames_per_batch}, "
+            f"total_frames={self.total_frames}, frames={self.frames})"
+        )
+
+
+def _any_done(td: TensorDictBase, done_keys: list[NestedKey], batch: torch.Size) -> torch.Tensor:
+    """``[*B]`` bool: any done flag of ``td["next"]`` (keys given with ``"next"``) is set."""
+    flags = [td.get(k) for k in done_keys]
+    if len(flags) == 1:
+        flag = flags[0]  # [*B, 1]: the usual case
+        return flag.squeeze(-1) if flag.shape[-1:] == (1,) else flag.reshape(*batch, -1).any(-1)
+    return torch.cat([f.reshape(*batch, -1) for f in flags], -1).any(-1)
+
+
+class _MdpPlan:
+    """``env.step_mdp`` with its key bookkeeping done once per batch instead of every step.
+
+    ``step_mdp`` filters every leaf key by prefix at every step; the keys of a step do not
+    change within a batch (they are stacked at its end), so the root keys to keep and the
+    ``"next"`` keys to promote are listed from the first step and reused. Only built when
+    every key involved is a top-level string; otherwise the collector calls ``step_mdp``.
+    The result is the same TensorDict (tests compare the collector with ``env.rollout``).
+    """
+
+    def __init__(self, keep: list[str], promote: list[str]) -> None:
+        self.keep = keep
+        self.promote = promote
+
+    @classmethod
+    def build(cls, env: EnvBase, td: TensorDictBase) -> _MdpPlan | None:
+        promoted = [*env.observation_keys, *env.state_keys, *env.done_keys]
+        dropped = [*env.action_keys, *env.reward_keys]
+        if not all(isinstance(k, str) for k in (*promoted, *dropped)):
+            return None
+        next_keys = set(td.get("next").keys())
+        promote = [k for k in dict.fromkeys(promoted) if k in next_keys]
+        skip = {"next", RESET_KEY, *dropped, *promote}
+        return cls([k for k in td.keys() if k not in skip], promote)  # noqa: SIM118
+
+    def __call__(self, td: TensorDictBase) -> TensorDictBase:
+        nxt = td.get("next")
+        source = {k: td.get(k) for k in self.keep}
+        for k in self.promote:
+            source[k] = nxt.get(k)
+        return TensorDict(source, batch_size=td.batch_size, device=td.device)
