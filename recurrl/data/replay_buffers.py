@@ -1,0 +1,196 @@
+"""Replay buffers: a storage, a writer and a sampler behind ``extend`` / ``sample``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from tensordict import TensorDictBase
+from torch import Tensor
+
+from recurrl.data.samplers.base import Sampler
+from recurrl.data.samplers.random import RandomSampler
+from recurrl.data.samplers.slice import MASK_KEY, SliceSampler
+from recurrl.data.storages.base import Storage
+from recurrl.data.writers import RoundRobinWriter, Writer
+
+__all__ = ["ReplayBuffer", "TensorDictReplayBuffer"]
+
+_STATE_FILE = "buffer_state.pt"
+
+
+class ReplayBuffer:
+    """Stores TensorDicts of steps and samples batches from them.
+
+    ``extend(data)`` takes a batch ``[T]`` (one env) or ``[N, T]`` (``N`` envs, time last;
+    any leading dims are flattened) and writes it row by row: env 0's ``T`` steps, then env
+    1's, ... so trajectories of different envs never interleave. ``sample()`` asks the
+    sampler for positions, reads them, writes the sampler's marks into the batch (e.g.
+    ``"is_init"`` at slice starts; padded steps are zeroed first), then applies
+    ``collate_fn`` and ``transform``.
+
+    Args:
+        storage: where steps live (e.g. :class:`~recurrl.data.LazyTensorStorage`).
+        sampler: default :class:`~recurrl.data.RandomSampler`.
+        writer: default :class:`~recurrl.data.RoundRobinWriter`.
+        batch_size: default batch size of :meth:`sample`.
+        collate_fn: callable applied to each sampled TensorDict (default: none).
+        transform: callable applied to each sampled TensorDict after ``collate_fn``
+            (not applied on ``extend``).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from recurrl.data import LazyTensorStorage
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(100), batch_size=4)
+        >>> rb.extend(TensorDict({"obs": torch.randn(2, 5, 3)}, [2, 5])).shape  # 2 envs x 5
+        torch.Size([10])
+        >>> len(rb), rb.sample()["obs"].shape
+        (10, torch.Size([4, 3]))
+    """
+
+    def __init__(
+        self,
+        *,
+        storage: Storage,
+        sampler: Sampler | None = None,
+        writer: Writer | None = None,
+        batch_size: int | None = None,
+        collate_fn: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        transform: Callable[[TensorDictBase], TensorDictBase] | None = None,
+    ) -> None:
+        if not isinstance(storage, Storage):
+            raise TypeError(
+                f"{type(self).__name__}: expected storage to be a recurrl.data Storage (e.g. "
+                f"LazyTensorStorage(max_size)), received {type(storage).__name__}."
+            )
+        self.storage = storage
+        self.sampler = sampler if sampler is not None else RandomSampler()
+        self.writer = writer if writer is not None else RoundRobinWriter()
+        if batch_size is not None and isinstance(self.sampler, SliceSampler):
+            self.sampler.slice_shape(batch_size)  # validate now, not at the first sample
+        self.batch_size = batch_size
+        self.collate_fn, self.transform = collate_fn, transform
+
+    def __len__(self) -> int:
+        return len(self.storage)
+
+    def extend(self, data: TensorDictBase) -> Tensor:
+        """Write a ``[T]`` or ``[N, T]`` batch; return the ``[N * T]`` storage positions
+        (only the last ``max_size`` steps are kept if the batch is larger)."""
+        if not isinstance(data, TensorDictBase) or data.batch_dims == 0:
+            got = type(data).__name__ if not isinstance(data, TensorDictBase) else "batch_size []"
+            raise TypeError(
+                f"{type(self).__name__}.extend: expected a TensorDict with batch [T] or "
+                f"[N, T], received {got}; fix: use add() for a single step."
+            )
+        n, steps = data.batch_size.numel(), data.batch_size[-1]
+        row_start = torch.zeros(n, dtype=torch.bool)
+        if data.batch_dims > 1:  # written row by row, without building a flat TensorDict
+            row_start[::steps] = True
+        cap = self.storage.max_size
+        if n > cap:  # only the newest max_size steps survive; the first kept step is cut
+            data = data.reshape(n)[n - cap :]
+            row_start = row_start[n - cap :].clone()
+            row_start[0] = True
+        index = self.writer.extend(self.storage, data)
+        self.sampler.extend(self.storage, index, data, row_start)
+        return index
+
+    def add(self, data: TensorDictBase) -> int:
+        """Write a single step (batch ``[]``); return its position."""
+        return int(self.extend(data.unsqueeze(0))[0])
+
+    def sample(self, batch_size: int | None = None, *, return_info: bool = False):
+        """Sample a batch (``batch_size`` defaults to the buffer's).
+
+        Returns:
+            the sampled TensorDict, or ``(data, info)`` if ``return_info`` (``info`` holds the
+            sampler's marks and ``"index"``, the ``[n]`` storage positions read).
+        """
+        batch_size = batch_size if batch_size is not None else self.batch_size
+        if batch_size is None:
+            raise ValueError(
+                f"{type(self).__name__}.sample: expected a batch_size, received none; fix: "
+                "pass sample(batch_size) or build the buffer with batch_size=."
+            )
+        index, info = self.sampler.sample(self.storage, batch_size)
+        data = self.storage.get(index)
+        mask = info.get(MASK_KEY)
+        if mask is not None:  # padding: finite zeros, not copies of real steps
+            data = data.masked_fill(~mask, 0)
+        for key, value in info.items():
+            data.set(key, value)
+        data = self._finish(data, index)
+        if self.collate_fn is not None:
+            data = self.collate_fn(data)
+        if self.transform is not None:
+            data = self.transform(data)
+        return (data, {**info, "index": index}) if return_info else data
+
+    def _finish(self, data: TensorDictBase, index: Tensor) -> TensorDictBase:
+        return data
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        """Yield samples; stops when the sampler reports ``ran_out`` (epoch samplers), else
+        never."""
+        while True:
+            yield self.sample()
+            if getattr(self.sampler, "ran_out", False):
+                return
+
+    # -- persistence ---------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Storage (data and counters), writer and sampler states."""
+        return {
+            "storage": self.storage.state_dict(),
+            "writer": self.writer.state_dict(),
+            "sampler": self.sampler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.storage.load_state_dict(state["storage"])
+        self.writer.load_state_dict(state["writer"])
+        self.sampler.load_state_dict(state["sampler"])
+
+    def dumps(self, path: str | Path) -> None:
+        """Save the buffer under the directory ``path`` (the data as memory-mapped files);
+        :meth:`loads` restores it bit for bit, sampler and writer state included."""
+        path = Path(path)
+        self.storage.dumps(path / "storage")
+        torch.save({"writer": self.writer.state_dict(), "sampler": self.sampler.state_dict()},
+                   path / _STATE_FILE)  # fmt: skip
+
+    def loads(self, path: str | Path) -> None:
+        """Restore what :meth:`dumps` saved (into a buffer built with the same components)."""
+        path = Path(path)
+        if not (path / _STATE_FILE).exists():
+            raise FileNotFoundError(
+                f"{type(self).__name__}.loads: expected a directory written by dumps(), "
+                f"received {str(path)!r} (no {_STATE_FILE}); fix: pass the dumps() path."
+            )
+        self.storage.loads(path / "storage")
+        state = torch.load(path / _STATE_FILE)
+        self.writer.load_state_dict(state["writer"])
+        self.sampler.load_state_dict(state["sampler"])
+
+
+class TensorDictReplayBuffer(ReplayBuffer):
+    """A :class:`ReplayBuffer` whose samples also carry ``"index"`` (``[n]`` int64 storage
+    positions), so results computed on a sample can be written back or tracked.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from recurrl.data import LazyTensorStorage
+        >>> rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10), batch_size=3)
+        >>> _ = rb.extend(TensorDict({"x": torch.arange(10) * 10}, [10]))
+        >>> s = rb.sample()
+        >>> bool((s["x"] == s["index"] * 10).all())
+        True
+    """
+
+    def _finish(self, data: TensorDictBase, index: Tensor) -> TensorDictBase:
+        data.set("index", index)
+        return data

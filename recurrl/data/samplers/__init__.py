@@ -1,0 +1,8 @@
+"""Samplers: which stored steps a replay buffer returns."""
+
+from recurrl.data.samplers.base import Sampler
+from recurrl.data.samplers.random import RandomSampler
+from recurrl.data.samplers.slice import SliceSampler
+from recurrl.data.samplers.slice_without_replacement import SliceSamplerWithoutReplacement
+
+__all__ = ["RandomSampler", "Sampler", "SliceSampler", "SliceSamplerWithoutReplacement"]

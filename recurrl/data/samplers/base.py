@@ -1,0 +1,75 @@
+"""The sampler contract: ``sample(storage, batch_size) -> (index, info)``."""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDictBase
+from torch import Tensor
+
+from recurrl.data.storages.base import Storage
+
+__all__ = ["Sampler"]
+
+
+class Sampler:
+    """Chooses which stored steps a replay buffer returns.
+
+    One override point: :meth:`sample`. It returns the ``[n]`` int64 storage positions to
+    read, and an ``info`` dict whose entries (nested key -> ``[n, ...]`` tensor) the replay
+    buffer writes into the sampled TensorDict (e.g. ``"is_init"`` at slice starts).
+
+    :meth:`extend` is an optional notification, called by the buffer after each write, for
+    samplers that keep bookkeeping about the stored data (default: nothing).
+
+    Args:
+        generator: random generator (default: torch's global one). Its state is part of
+            :meth:`state_dict`, so a reloaded buffer draws the same samples.
+
+    Examples:
+        A sampler that always returns the newest steps:
+
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from recurrl.data import LazyTensorStorage, ReplayBuffer
+        >>> class Newest(Sampler):
+        ...     def sample(self, storage, batch_size):
+        ...         index = (storage.cursor - 1 - torch.arange(batch_size)) % len(storage)
+        ...         return index, {}
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), sampler=Newest(), batch_size=2)
+        >>> _ = rb.extend(TensorDict({"x": torch.arange(4)}, [4]))
+        >>> rb.sample()["x"]
+        tensor([3, 2])
+    """
+
+    def __init__(self, *, generator: torch.Generator | None = None) -> None:
+        self.generator = generator
+
+    def sample(self, storage: Storage, batch_size: int) -> tuple[Tensor, dict]:
+        """Return ``(index [n] int64, info)`` for a batch of ``batch_size`` steps."""
+        raise NotImplementedError
+
+    def extend(self, storage: Storage, index: Tensor, data: TensorDictBase,
+               row_start: Tensor) -> None:  # fmt: skip
+        """Called after ``data`` (batch ``[n]``, or ``[N, T]`` read row by row) was written
+        at ``index`` (``[n]``).
+
+        ``row_start`` (``[n]`` bool) is True where a row of the user's ``[N, T]`` batch began
+        (steps of different rows are never contiguous in time).
+        """
+
+    def state_dict(self) -> dict:
+        state = {}
+        if self.generator is not None:
+            state["generator"] = self.generator.get_state()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.generator is not None and "generator" in state:
+            self.generator.set_state(state["generator"])
+
+    @staticmethod
+    def _check_nonempty(storage: Storage, name: str) -> None:
+        if len(storage) == 0:
+            raise RuntimeError(
+                f"{name}.sample: the storage is empty; fix: extend the buffer before sampling."
+            )

@@ -1,0 +1,196 @@
+"""The storage contract: a flat ``[max_size]`` TensorDict, written at given positions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import Tensor
+
+__all__ = ["Storage"]
+
+Index = Tensor | slice | int
+
+
+class Storage:
+    """A fixed-capacity flat TensorDict of ``max_size`` steps, allocated from the first data.
+
+    Subclasses implement :meth:`_allocate` (how the ``[max_size]`` TensorDict is created);
+    everything else (writing, reading, saving) is shared. Positions are written by a writer
+    (:class:`~recurrl.data.RoundRobinWriter`), which makes the storage a ring: once full,
+    new steps overwrite the oldest ones.
+
+    Args:
+        max_size: capacity in steps (> 0).
+        device: device of the stored tensors.
+
+    Attributes:
+        cursor: position after the last one written (where the next write starts).
+        write_count: total number of steps ever written (lets samplers detect writes they
+            were not told about).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from recurrl.data import LazyTensorStorage
+        >>> storage = LazyTensorStorage(3)
+        >>> storage.set(torch.tensor([2, 0]), TensorDict({"x": torch.tensor([5, 6])}, [2]))
+        >>> len(storage), storage.cursor, storage.get(torch.tensor([0, 2]))["x"]
+        (3, 1, tensor([6, 5]))
+    """
+
+    def __init__(self, max_size: int, *, device: torch.device | str = "cpu") -> None:
+        if not isinstance(max_size, int) or max_size <= 0:
+            raise ValueError(
+                f"{type(self).__name__}: expected max_size to be a positive int, received "
+                f"{max_size!r}."
+            )
+        self.max_size = max_size
+        self.device = torch.device(device)
+        self._set_data(None)
+        self._len = 0
+        self.cursor = 0
+        self.write_count = 0
+
+    # -- subclass hook -------------------------------------------------------------------
+    def _allocate(self, template: TensorDictBase) -> TensorDictBase:
+        """Return a ``[max_size]`` TensorDict with the keys, dtypes and shapes of ``template``
+        (a single step, batch size ``[]``)."""
+        raise NotImplementedError
+
+    # -- contract ------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def initialized(self) -> bool:
+        """Whether the storage has been allocated (first data seen)."""
+        return self._data is not None
+
+    @property
+    def data(self) -> TensorDictBase:
+        """The ``[max_size]`` TensorDict (positions ``>= len(self)`` are zeros)."""
+        if self._data is None:
+            raise RuntimeError(
+                f"{type(self).__name__}: the storage is empty (it is allocated from the first "
+                "data written); fix: extend the buffer before reading it."
+            )
+        return self._data
+
+    def set(self, index: Index, data: TensorDictBase) -> None:
+        """Write ``data`` at ``index`` (a slice or ``[n]`` int64 positions).
+
+        ``data`` has batch ``[n]``, or ``[*B]`` with ``prod(B) = n``, read in row-major order
+        (for ``[N, T]``: env 0's ``T`` steps, then env 1's, ...), without building a
+        flattened TensorDict.
+        """
+        bd = data.batch_dims
+        if bd == 0:
+            raise ValueError(
+                f"{type(self).__name__}.set: expected data with batch dims [n] or [*B], "
+                "received batch_size []; fix: unsqueeze a single step to batch [1]."
+            )
+        n = data.batch_size.numel()
+        if self._data is None:
+            self._set_data(self._allocate(data.reshape(n)[0].to(self.device)))
+        # Leaf by leaf into cached views of the stored tensors: the same copies as
+        # TensorDict.__setitem__, without its per-call validation and without flattening a
+        # [N, T] TensorDict first (extend's hot path).
+        items = list(data.items(include_nested=True, leaves_only=True))
+        leaves = self._leaves
+        if len(items) != len(leaves) or any(key not in leaves for key, _ in items):
+            raise ValueError(self._mismatch(data))
+        try:
+            for key, value in items:
+                leaf = leaves[key]
+                if value.shape[bd:] != leaf.shape[1:]:  # no silent broadcasting
+                    raise RuntimeError(key)
+                leaf[index] = value.reshape(n, *leaf.shape[1:]) if bd > 1 else value
+        except RuntimeError as err:
+            raise ValueError(self._mismatch(data)) from err
+        if isinstance(index, slice):
+            _, high, _ = index.indices(self.max_size)
+            last = high - 1
+        else:
+            flat = torch.as_tensor(index).reshape(-1)
+            if flat.numel() == 0:
+                return
+            last, high = int(flat[-1]), int(flat.max()) + 1
+        self._len = max(self._len, high)
+        self.cursor = (last + 1) % self.max_size
+        self.write_count += n
+
+    def _set_data(self, data: TensorDictBase | None) -> None:
+        self._data = data
+        self._leaves = {} if data is None else dict(data.items(True, True))
+
+    def _mismatch(self, data: TensorDictBase) -> str:
+        return (
+            f"{type(self).__name__}.set: data does not match the stored layout. Expected "
+            f"keys/shapes {_layout(self._data)}, received {_layout(data)}; fix: write "
+            "TensorDicts with the same keys, per-step shapes and dtypes every time."
+        )
+
+    def leaf(self, key) -> Tensor | None:
+        """The stored ``[max_size, *F]`` tensor of ``key`` (``None`` if there is none)."""
+        return self._leaves.get(key)
+
+    def get(self, index: Index) -> TensorDictBase:
+        """Read the steps at ``index``: a TensorDict of batch ``[n]``."""
+        return self.data[index]
+
+    # -- persistence ---------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Counters and a copy of the stored TensorDict (``None`` before the first write)."""
+        return {
+            "len": self._len,
+            "cursor": self.cursor,
+            "write_count": self.write_count,
+            "data": None if self._data is None else self._data.to_tensordict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned (reallocates the storage)."""
+        self._check_size(state["data"])
+        self._set_data(None)
+        if state["data"] is not None:
+            self._set_data(self._allocate(state["data"][0]))
+            self._data.update_(state["data"].to(self.device))
+        self._len, self.cursor = int(state["len"]), int(state["cursor"])
+        self.write_count = int(state["write_count"])
+
+    def dumps(self, path: str | Path) -> None:
+        """Save the stored TensorDict under the directory ``path`` (memory-mapped files)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        if self._data is not None:
+            self._data.memmap(prefix=path / "data", copy_existing=True)
+        torch.save(
+            {"len": self._len, "cursor": self.cursor, "write_count": self.write_count},
+            path / "meta.pt",
+        )
+
+    def loads(self, path: str | Path) -> None:
+        """Load what :meth:`dumps` saved under ``path``."""
+        path = Path(path)
+        meta = torch.load(path / "meta.pt")
+        data = None
+        if (path / "data").exists():
+            data = TensorDict.load_memmap(path / "data")
+        self.load_state_dict({**meta, "data": data})
+
+    def _check_size(self, data: TensorDictBase | None) -> None:
+        if data is not None and data.batch_size != torch.Size([self.max_size]):
+            raise ValueError(
+                f"{type(self).__name__}: expected saved data of batch_size [{self.max_size}], "
+                f"received {list(data.batch_size)}; fix: load into a storage built with "
+                f"max_size={data.batch_size[0]}."
+            )
+
+
+def _layout(td: TensorDictBase) -> dict:
+    return {
+        k: (tuple(v.shape[td.batch_dims :]), v.dtype)
+        for k, v in td.items(include_nested=True, leaves_only=True)
+    }

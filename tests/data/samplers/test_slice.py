@@ -1,0 +1,250 @@
+"""SliceSampler: the invariants every slice sampler keeps, over many random buffers."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from recurrl.data import (
+    LazyTensorStorage,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+    TensorDictReplayBuffer,
+)
+from tests.data._fake import (
+    TRAJ,
+    FakeCollector,
+    reference_segments,
+    reference_starts,
+    split_slices,
+)
+
+SAMPLERS = {"with_replacement": SliceSampler, "without_replacement": SliceSamplerWithoutReplacement}
+
+
+def fill(rb, collector, rng: random.Random, extends: int, drop_traj: bool = False):
+    """Extend ``rb`` with ``extends`` batches of random length."""
+    for _ in range(extends):
+        data = collector.batch(rng.randint(1, 23))
+        rb.extend(data.exclude(TRAJ) if drop_traj else data)
+
+
+def check_slice(piece, slice_len: int) -> None:
+    """One slice: inside one trajectory, contiguous in time, marked at both ends."""
+    n = piece.batch_size[0]
+    assert 1 <= n <= slice_len
+    assert (piece["tid"] == piece["tid"][0]).all(), "slice crosses a trajectory"
+    assert (piece["t"] == piece["t"][0] + torch.arange(n)).all(), "slice is not contiguous"
+    is_init = piece["is_init"].reshape(-1)
+    assert is_init[0] and not is_init[1:].any()
+    for key in (("next", "truncated"), ("next", "done")):
+        flag = piece[key].reshape(-1)
+        assert flag[-1], f"{key} not set at the slice end"
+        assert (flag[:-1] == (piece["t"][:-1] == -1)).all()  # stored flags are False inside
+
+
+def check_sample(sample, num_slices: int, slice_len: int, strict: bool, pad: bool) -> None:
+    if pad:
+        assert sample.batch_size == (num_slices * slice_len,)
+        mask = sample["collector", "mask"].view(num_slices, slice_len)
+        lengths = mask.sum(-1)
+        assert (mask == (torch.arange(slice_len) < lengths.unsqueeze(-1))).all()
+        rows = sample.view(num_slices, slice_len)
+        for row, n in zip(rows, lengths.tolist(), strict=True):
+            check_slice(row[:n], slice_len)
+            pad_rows = row[n:].exclude("index", "is_init")  # see SliceSampler's docstring
+            assert row[n:]["is_init"].all()
+            for value in pad_rows.values(include_nested=True, leaves_only=True):
+                assert torch.isfinite(value.float()).all() and not value.float().any()
+        if strict:
+            assert mask.all()
+        return
+    pieces = split_slices(sample)
+    assert len(pieces) == num_slices
+    assert sample.batch_size[0] <= num_slices * slice_len
+    for piece in pieces:
+        check_slice(piece, slice_len)
+        if strict:
+            assert piece.batch_size[0] == slice_len
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+@pytest.mark.parametrize("num_envs", [None, 3])
+@pytest.mark.parametrize(
+    ("strict", "pad", "drop_traj"),
+    [(True, False, False), (False, False, False), (False, True, False), (False, False, True),
+     (True, False, True)],
+)  # fmt: skip
+def test_invariants_random_buffers(name, num_envs, strict, pad, drop_traj):
+    """No slice crosses a trajectory or the write cursor, starts are marked is_init, ends
+    truncated, and the cached segments equal a brute-force rescan -- through many wraps."""
+    for seed in range(4):
+        rng = random.Random(seed)
+        capacity = rng.randint(20, 120)
+        slice_len = rng.randint(1, 9)
+        num_slices = rng.randint(1, 6)
+        sampler = SAMPLERS[name](slice_len=slice_len, strict_length=strict, pad_output=pad)
+        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity), sampler=sampler,
+                                    batch_size=num_slices * slice_len)  # fmt: skip
+        collector = FakeCollector(num_envs, 1, 3 * slice_len, seed)
+        for _ in range(8):
+            fill(rb, collector, rng, rng.randint(1, 4), drop_traj)
+            segs = sampler._sync(rb.storage)
+            got = list(zip(segs.starts.tolist(), segs.lengths.tolist(), strict=True))
+            assert got == reference_segments(rb.storage)
+            valid = reference_starts(rb.storage, slice_len, strict)
+            if not valid:
+                with pytest.raises(RuntimeError, match="slice_len"):
+                    rb.sample()
+                continue
+            sample = rb.sample()
+            n = sample.batch_size[0] // slice_len if pad else len(split_slices(sample))
+            assert n == num_slices or (name == "without_replacement" and n < num_slices)
+            check_sample(sample, n, slice_len, strict, pad)
+            first = sample["index"][sample["is_init"].reshape(-1)]
+            assert set(first.tolist()) <= valid
+
+
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize("num_envs", [None, 2])
+def test_uniform_coverage_of_valid_starts(strict, num_envs):
+    """Start positions are uniform over the valid starts (chi-square within 6 sigma)."""
+    torch.manual_seed(0)
+    rng = random.Random(1)
+    slice_len = 4
+    sampler = SliceSampler(slice_len=slice_len, strict_length=strict)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(90), sampler=sampler)
+    fill(rb, FakeCollector(num_envs, 1, 12, 1), rng, 12)  # wraps several times
+    valid = sorted(reference_starts(rb.storage, slice_len, strict))
+    draws = 400 * len(valid)
+    sample = rb.sample(draws * slice_len)
+    starts = sample["index"][sample["is_init"].reshape(-1)]
+    assert starts.numel() == draws
+    counts = torch.bincount(starts, minlength=rb.storage.max_size).float()
+    assert set(starts.tolist()) == set(valid)
+    expected = draws / len(valid)
+    chi2 = float(((counts[valid] - expected) ** 2 / expected).sum())
+    dof = len(valid) - 1
+    assert abs(chi2 - dof) < 6 * (2 * dof) ** 0.5
+
+
+def test_slices_wrap_around_the_storage_end():
+    """A trajectory written across position max_size-1 -> 0 is sampled as one time line."""
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10),
+                                sampler=SliceSampler(slice_len=6), batch_size=600)  # fmt: skip
+    collector = FakeCollector(None, 100, 100, 0)  # one long trajectory
+    rb.extend(collector.batch(7))
+    rb.extend(collector.batch(7))  # positions 7, 8, 9, 0, 1, 2, 3; cursor at 4
+    sample = rb.sample()
+    rows = sample["index"].view(-1, 6)
+    assert ((rows == 9).any(-1) & (rows == 0).any(-1)).any(), "no slice wrapped"
+    check_sample(sample, 100, 6, strict=True, pad=False)
+    assert not (rows == 3).any(-1).logical_and((rows == 4).any(-1)).any()  # cursor
+
+
+def test_cursor_is_never_crossed():
+    """The newest step (cursor - 1) is never followed by the oldest (cursor)."""
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(12),
+                                sampler=SliceSampler(slice_len=3), batch_size=300)  # fmt: skip
+    collector = FakeCollector(None, 100, 100, 0)
+    for _ in range(5):
+        rb.extend(collector.batch(5))
+    cursor = rb.storage.cursor
+    segs = rb.sampler._segments
+    assert segs.starts.tolist() == [cursor] and segs.lengths.tolist() == [12]
+    rows = rb.sample()["index"].view(-1, 3)
+    newest = (cursor - 1) % 12
+    assert not (rows[:, :-1] == newest).any()
+
+
+def test_multi_env_rows_never_join_in_end_key_mode():
+    """Without traj ids, the end of one env's row and the next env's row stay apart."""
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100),
+                                sampler=SliceSampler(slice_len=2), batch_size=200)  # fmt: skip
+    data = FakeCollector(4, 50, 50, 0).batch(5).exclude(TRAJ)  # no env is done
+    rb.extend(data)
+    assert rb.sampler._segments.lengths.tolist() == [5, 5, 5, 5]
+    check_sample(rb.sample(), 100, 2, strict=True, pad=False)
+
+
+def test_single_env_trajectory_continues_across_extends():
+    collector = FakeCollector(None, 30, 30, 0)
+    for drop in (False, True):
+        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100),
+                                    sampler=SliceSampler(slice_len=2))  # fmt: skip
+        batch1, batch2 = collector.batch(10), collector.batch(10)
+        for data in (batch1, batch2):
+            rb.extend(data.exclude(TRAJ) if drop else data)
+        assert sum(rb.sampler._segments.lengths.tolist()) == 20
+        assert rb.sampler._segments.lengths.size == len(reference_segments(rb.storage))
+
+
+def test_num_slices_gives_slice_len():
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(200),
+                                sampler=SliceSampler(num_slices=4), batch_size=20)  # fmt: skip
+    rb.extend(FakeCollector(2, 30, 40, 0).batch(60))
+    sample = rb.sample()
+    assert sample.batch_size == (20,)
+    assert sample["is_init"].reshape(-1).nonzero().reshape(-1).tolist() == [0, 5, 10, 15]
+
+
+def test_marks_without_is_init_or_flags_in_storage():
+    """Storage without is_init / truncated: truncated and done are created at slice ends."""
+    data = FakeCollector(None, 50, 50, 0).batch(20)
+    data = data.exclude("is_init", ("next", "truncated"), ("next", "done"))
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(50),
+                                sampler=SliceSampler(slice_len=5), batch_size=10)  # fmt: skip
+    rb.extend(data)
+    sample = rb.sample()
+    assert "is_init" not in sample
+    assert sample["next", "truncated"].view(2, 5)[:, -1].all()
+    assert sample["next", "done"].view(2, 5).sum() == 2
+
+
+def test_explicit_keys():
+    data = FakeCollector(2, 3, 6, 0).batch(20)
+    data["my_ids"] = data["tid"]
+    data["my_end"] = data["next", "done"]
+    for kwargs in ({"traj_key": "my_ids"}, {"end_key": "my_end"}):
+        sampler = SliceSampler(slice_len=2, **kwargs)
+        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100), sampler=sampler)
+        rb.extend(data.exclude(TRAJ, ("next", "done")))
+        assert [tuple(x) for x in zip(rb.sampler._segments.starts.tolist(),
+                                      rb.sampler._segments.lengths.tolist(), strict=True)] \
+            == reference_segments(rb.storage)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({}, "exactly one of num_slices"),
+        ({"num_slices": 2, "slice_len": 3}, "exactly one of num_slices"),
+        ({"slice_len": 0}, "positive int"),
+        ({"slice_len": 2, "end_key": "a", "traj_key": "b"}, "at most one of end_key"),
+        ({"slice_len": 2, "compile": True}, "compile=True is not supported"),
+        ({"slice_len": 2, "span": True}, "span=True is not supported"),
+        ({"slice_len": 2, "use_gpu": True}, "use_gpu=True is not supported"),
+    ],
+)
+def test_invalid_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SliceSampler(**kwargs)
+
+
+def test_errors_at_use():
+    storage = LazyTensorStorage(10)
+    with pytest.raises(ValueError, match="multiple of slice_len=4"):
+        TensorDictReplayBuffer(storage=storage, sampler=SliceSampler(slice_len=4), batch_size=6)
+    rb = TensorDictReplayBuffer(storage=storage, sampler=SliceSampler(slice_len=4), batch_size=8)
+    with pytest.raises(RuntimeError, match="storage is empty"):
+        rb.sample()
+    data = FakeCollector(None, 2, 2, 0).batch(6)
+    with pytest.raises(KeyError, match="traj_ids"):
+        rb.extend(data.exclude(TRAJ, ("next", "done")))
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10),
+                                sampler=SliceSampler(slice_len=4), batch_size=8)  # fmt: skip
+    rb.extend(data)
+    with pytest.raises(RuntimeError, match="at most 2 steps"):
+        rb.sample()

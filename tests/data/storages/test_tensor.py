@@ -1,0 +1,94 @@
+"""Storage contract, run on every storage."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from recurrl.data import LazyMemmapStorage, LazyTensorStorage
+
+STORAGES = {"tensor": LazyTensorStorage, "memmap": LazyMemmapStorage}
+
+
+def steps(n: int, offset: int = 0) -> TensorDict:
+    x = torch.arange(offset, offset + n)
+    return TensorDict({"x": x.float().unsqueeze(-1), ("next", "done"): (x % 3 == 0).unsqueeze(-1),
+                       "h": x.view(n, 1, 1).expand(n, 2, 4).float()}, [n])  # fmt: skip
+
+
+@pytest.fixture(params=list(STORAGES))
+def make(request):
+    return STORAGES[request.param]
+
+
+def test_lazy_allocation_from_first_data(make):
+    storage = make(8)
+    assert len(storage) == 0 and not storage.initialized
+    with pytest.raises(RuntimeError, match="storage is empty"):
+        storage.data  # noqa: B018
+    storage.set(slice(0, 3), steps(3))
+    assert storage.initialized and len(storage) == 3
+    assert storage.data.batch_size == (8,)
+    assert storage.data["h"].shape == (8, 2, 4) and storage.data["next", "done"].dtype == torch.bool
+    assert torch.equal(storage.get(torch.tensor([2, 0]))["x"], torch.tensor([[2.0], [0.0]]))
+    assert not storage.data["x"][3:].any()  # unwritten positions are zeros
+
+
+def test_set_with_index_tensor_tracks_len_cursor_and_count(make):
+    storage = make(6)
+    storage.set(torch.tensor([4, 5, 0]), steps(3))
+    assert len(storage) == 6 and storage.cursor == 1 and storage.write_count == 3
+    assert storage.data["x"].reshape(-1).tolist() == [2, 0, 0, 0, 0, 1]
+
+
+def test_layout_mismatch_is_explained(make):
+    storage = make(6)
+    storage.set(slice(0, 2), steps(2))
+    with pytest.raises(ValueError, match="does not match the stored layout"):
+        storage.set(slice(2, 4), TensorDict({"y": torch.zeros(2)}, [2]))
+    with pytest.raises(ValueError, match="received batch_size"):
+        storage.set(slice(2, 3), steps(1)[0])
+
+
+def test_multi_dim_data_is_written_row_major(make):
+    storage = make(6)
+    storage.set(slice(1, 5), steps(4).view(2, 2))
+    assert storage.data["x"].reshape(-1).tolist() == [0, 0, 1, 2, 3, 0]
+    assert storage.data["h"][1:5, 0, 0].tolist() == [0, 1, 2, 3]
+
+
+def test_invalid_max_size(make):
+    with pytest.raises(ValueError, match="positive int"):
+        make(0)
+
+
+def test_state_dict_round_trip(make):
+    storage = make(5)
+    storage.set(slice(0, 4), steps(4))
+    other = make(5)
+    other.load_state_dict(storage.state_dict())
+    assert (other.data == storage.data).all()
+    assert (len(other), other.cursor, other.write_count) == (4, 4, 4)
+    with pytest.raises(ValueError, match="max_size=5"):
+        make(6).load_state_dict(storage.state_dict())
+
+
+def test_dumps_loads_round_trip(make, tmp_path):
+    storage = make(5)
+    storage.set(slice(0, 5), steps(5))
+    storage.set(slice(0, 2), steps(2, offset=10))
+    storage.dumps(tmp_path / "s")
+    other = make(5)
+    other.loads(tmp_path / "s")
+    assert (other.data == storage.data).all()
+    assert (len(other), other.cursor, other.write_count) == (5, 2, 7)
+
+
+def test_no_silent_broadcast(make):
+    storage = make(6)
+    storage.set(slice(0, 2), steps(2))
+    bad = steps(2)
+    bad["h"] = torch.zeros(2, 1, 4)
+    with pytest.raises(ValueError, match="does not match the stored layout"):
+        storage.set(slice(2, 4), bad)

@@ -1,0 +1,154 @@
+"""ReplayBuffer / TensorDictReplayBuffer: extend, add, sample, persistence, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from recurrl.data import (
+    LazyMemmapStorage,
+    LazyTensorStorage,
+    RandomSampler,
+    ReplayBuffer,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+    TensorDictReplayBuffer,
+)
+from tests.data._fake import TRAJ, FakeCollector
+
+STORAGES = {"tensor": LazyTensorStorage, "memmap": LazyMemmapStorage}
+
+
+def test_multi_env_data_is_written_row_by_row():
+    rb = ReplayBuffer(storage=LazyTensorStorage(20))
+    data = TensorDict({"x": torch.arange(6).view(2, 3)}, [2, 3])
+    assert rb.extend(data).tolist() == [0, 1, 2, 3, 4, 5]
+    assert rb.storage.data["x"][:6].tolist() == [0, 1, 2, 3, 4, 5]  # env 0, then env 1
+    assert len(rb) == 6
+
+
+def test_leading_dims_are_flattened():
+    rb = ReplayBuffer(storage=LazyTensorStorage(30))
+    rb.extend(TensorDict({"x": torch.arange(24).view(2, 3, 4)}, [2, 3, 4]))
+    assert rb.storage.data["x"][:24].tolist() == list(range(24))
+
+
+def test_add_and_sample_defaults():
+    rb = ReplayBuffer(storage=LazyTensorStorage(5), batch_size=3)
+    assert rb.add(TensorDict({"x": torch.tensor(7)}, [])) == 0
+    sample = rb.sample()
+    assert isinstance(rb.sampler, RandomSampler) and sample["x"].tolist() == [7, 7, 7]
+    assert "index" not in sample
+    data, info = rb.sample(2, return_info=True)
+    assert info["index"].tolist() == [0, 0] and data.batch_size == (2,)
+
+
+def test_tensordict_buffer_writes_index():
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
+    rb.extend(TensorDict({"x": torch.arange(10) * 2}, [10]))
+    sample = rb.sample()
+    assert torch.equal(sample["x"], sample["index"] * 2)
+
+
+def test_larger_than_capacity_extend_keeps_newest_and_cuts_trajectory():
+    sampler = SliceSampler(slice_len=2)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(8), sampler=sampler, batch_size=4)
+    rb.extend(FakeCollector(None, 100, 100, 0).batch(13))
+    assert rb.storage.data["t"].tolist() == [5, 6, 7, 8, 9, 10, 11, 12]
+    assert sampler._segments.starts.tolist() == [0] and sampler._segments.lengths.tolist() == [8]
+    new = FakeCollector(None, 100, 100, 0).batch(3)
+    new[TRAJ] += 1000  # a new trajectory
+    rb.extend(new)
+    segments = sampler._segments
+    assert segments.starts.tolist() == [3, 0] and segments.lengths.tolist() == [5, 3]
+
+
+def test_collate_fn_and_transform_are_applied_in_order():
+    calls = []
+
+    def collate(td):
+        calls.append("collate")
+        return td
+
+    def transform(td):
+        calls.append("transform")
+        return td.set("y", td["x"] + 1)
+
+    rb = ReplayBuffer(storage=LazyTensorStorage(4), batch_size=2, collate_fn=collate,
+                      transform=transform)  # fmt: skip
+    rb.extend(TensorDict({"x": torch.zeros(4)}, [4]))
+    assert rb.sample()["y"].tolist() == [1.0, 1.0] and calls == ["collate", "transform"]
+
+
+def test_iteration_stops_at_the_end_of_an_epoch():
+    sampler = SliceSamplerWithoutReplacement(slice_len=5)
+    rb = ReplayBuffer(storage=LazyTensorStorage(40), sampler=sampler, batch_size=10)
+    rb.extend(FakeCollector(None, 20, 20, 0).batch(40))
+    assert sum(s["is_init"].sum().item() for s in rb) == 2 * 16
+
+
+@pytest.mark.parametrize("storage", list(STORAGES))
+@pytest.mark.parametrize("sampler", ["random", "slice", "slice_wo"])
+def test_dumps_loads_is_bit_identical(tmp_path, storage, sampler):
+    def make():
+        samplers = {
+            "random": RandomSampler(generator=torch.Generator().manual_seed(0)),
+            "slice": SliceSampler(slice_len=4, generator=torch.Generator().manual_seed(0)),
+            "slice_wo": SliceSamplerWithoutReplacement(
+                num_slices=3, strict_length=False, generator=torch.Generator().manual_seed(0)
+            ),
+        }
+        return TensorDictReplayBuffer(storage=STORAGES[storage](50), sampler=samplers[sampler],
+                                      batch_size=12)  # fmt: skip
+
+    rb = make()
+    collector = FakeCollector(3, 2, 9, 0)
+    for _ in range(4):
+        rb.extend(collector.batch(7))  # wraps
+    rb.sample()
+    rb.dumps(tmp_path / "rb")
+    other = make()
+    other.loads(tmp_path / "rb")
+    assert (other.storage.data == rb.storage.data).all()
+    assert _flat(other.state_dict()) == _flat(rb.state_dict())
+    for _ in range(3):  # the same future: samples, and samples after further writes
+        a, b = rb.sample(), other.sample()
+        assert (a == b).all()
+        data = collector.batch(5)
+        rb.extend(data)
+        other.extend(data)
+
+
+def _flat(state) -> list:
+    """A comparable rendering of a nested state dict (tensors as lists)."""
+    if isinstance(state, dict):
+        return [(k, _flat(v)) for k, v in sorted(state.items(), key=lambda kv: str(kv[0]))]
+    if isinstance(state, TensorDict):
+        return _flat(state.to_dict())
+    if torch.is_tensor(state):
+        return [str(state.dtype), state.tolist()]
+    return [state]
+
+
+def test_state_dict_round_trip():
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(30), sampler=SliceSampler(slice_len=3))
+    rb.extend(FakeCollector(2, 2, 9, 0).batch(10))
+    other = TensorDictReplayBuffer(storage=LazyTensorStorage(30), sampler=SliceSampler(slice_len=3))
+    other.load_state_dict(rb.state_dict())
+    assert _flat(other.state_dict()) == _flat(rb.state_dict())
+
+
+def test_errors():
+    with pytest.raises(TypeError, match="expected storage"):
+        ReplayBuffer(storage=torch.zeros(3))
+    rb = ReplayBuffer(storage=LazyTensorStorage(3))
+    with pytest.raises(TypeError, match="use add"):
+        rb.extend(TensorDict({"x": torch.tensor(1)}, []))
+    with pytest.raises(TypeError, match="TensorDict"):
+        rb.extend(torch.zeros(3))
+    rb.extend(TensorDict({"x": torch.arange(3)}, [3]))
+    with pytest.raises(ValueError, match="expected a batch_size"):
+        rb.sample()
+    with pytest.raises(FileNotFoundError, match="written by dumps"):
+        rb.loads("/nonexistent/path")
