@@ -78,6 +78,8 @@ class EnvBase(nn.Module, metaclass=abc.ABCMeta):
             "state": Composite(shape=b, device=dev),
         }
         self._version = 0
+        self._keys_cache: tuple[Any, dict[tuple[str, ...], list]] = (None, {})
+        self._checked_calls = {"reset": 0, "step": 0}
 
     # --- basic properties ----------------------------------------------------------------
     @property
@@ -192,9 +194,20 @@ class EnvBase(nn.Module, metaclass=abc.ABCMeta):
         return spec[name]
 
     def _keys(self, *names: str) -> list[tuple[NestedKey, TensorSpec]]:
-        items: list[tuple[NestedKey, TensorSpec]] = []
-        for name in names:
-            items += self._get_spec(name).items(include_nested=True, leaves_only=True)
+        # Cached per specs version: the leaf traversal ran several times per env step.
+        # Specs must therefore be changed through their setters (or a transform's hooks), not
+        # edited in place after the env has run.
+        version = self._specs_version()
+        cached_version, cache = self._keys_cache
+        if cached_version != version:
+            cache = {}
+            self._keys_cache = (version, cache)
+        items = cache.get(names)
+        if items is None:
+            items = []
+            for name in names:
+                items += self._get_spec(name).items(include_nested=True, leaves_only=True)
+            cache[names] = items
         return items
 
     @property
@@ -238,6 +251,15 @@ class EnvBase(nn.Module, metaclass=abc.ABCMeta):
             )
 
     def _check_output(self, out: Any, where: str) -> None:
+        # The full key/shape/dtype validation runs on the first calls of each kind, where a
+        # wrong env shows itself; afterwards only the cheap structural check runs (the step
+        # loop is the hot path of collection). check_env_specs validates a whole rollout.
+        checked = self._checked_calls
+        if checked[where] >= _FULL_CHECKS:
+            if isinstance(out, TensorDictBase) and out.batch_size == self.batch_size:
+                return
+        else:
+            checked[where] += 1
         hook = f"{type(self).__name__}._{where}"
         if not isinstance(out, TensorDictBase):
             raise TypeError(f"{hook}: expected a TensorDict, received {type(out).__name__}.")
@@ -265,7 +287,7 @@ class EnvBase(nn.Module, metaclass=abc.ABCMeta):
 
     def _complete_done(self, next_td: TensorDictBase) -> None:
         """Fill ``truncated`` (False) and ``done`` (terminated | truncated); check ``done``."""
-        if set(self.done_spec.keys()) != set(_DONE_KEYS):
+        if {k for k, _ in self._keys("done")} != _DONE_KEY_SET:
             return
         terminated = next_td.get("terminated", None)
         if terminated is None:
@@ -278,7 +300,9 @@ class EnvBase(nn.Module, metaclass=abc.ABCMeta):
         done = next_td.get("done", None)
         if done is None:
             next_td.set("done", expected)
-        elif done.shape != expected.shape or bool((done != expected).any()):
+        elif self._checked_calls["step"] < _FULL_CHECKS and (
+            done.shape != expected.shape or bool((done != expected).any())
+        ):
             raise ValueError(
                 f"{type(self).__name__}._step: 'done' must equal terminated | truncated, "
                 f"received done={done.tolist()} for terminated={terminated.tolist()}, "
@@ -580,6 +604,8 @@ class EnvBase(nn.Module, metaclass=abc.ABCMeta):
 
 
 _STEP_CHECKED = ("observation", "reward", "done")
+_DONE_KEY_SET = set(_DONE_KEYS)
+_FULL_CHECKS = 3  # calls of reset / step validated in full against the specs
 
 
 def _as_tuple(key: NestedKey) -> tuple[str, ...]:

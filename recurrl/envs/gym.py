@@ -265,12 +265,23 @@ class GymEnv(EnvBase):
         """The wrapped gymnasium env."""
         return self._env
 
-    def _observation_td(self, obs: Any) -> TensorDict:
+    def _observation_entries(self, obs: Any) -> dict[str, Any]:
         if isinstance(self._observation_space, spaces.Dict):
-            entries = numpy_to_tensor(obs, self._observation_space, self.observation_spec)
-        else:
-            spec = self.observation_spec["observation"]
-            entries = {"observation": numpy_to_tensor(obs, self._observation_space, spec)}
+            return numpy_to_tensor(obs, self._observation_space, self.observation_spec)
+        spec = self._obs_leaf_spec()
+        return {"observation": numpy_to_tensor(obs, self._observation_space, spec)}
+
+    def _obs_leaf_spec(self) -> TensorSpec:
+        # Looked up once per specs version: this runs at every step.
+        version = self._specs_version()
+        cached = self.__dict__.get("_obs_spec_cache")
+        if cached is None or cached[0] != version:
+            cached = (version, self.observation_spec["observation"])
+            self.__dict__["_obs_spec_cache"] = cached
+        return cached[1]
+
+    def _observation_td(self, obs: Any) -> TensorDict:
+        entries = self._observation_entries(obs)
         return TensorDict(entries, batch_size=self.batch_size, device=self.device)
 
     def _flag(self, value: Any) -> torch.Tensor:
@@ -289,12 +300,13 @@ class GymEnv(EnvBase):
         return self._step_td(obs, reward, terminated, truncated)
 
     def _step_td(self, obs: Any, reward: Any, terminated: Any, truncated: Any) -> TensorDict:
-        out = self._observation_td(obs)
+        entries = self._observation_entries(obs)
         reward_t = torch.as_tensor(np.asarray(reward, dtype=np.float32), device=self.device)
-        out.set("reward", reward_t.reshape(*self.batch_size, 1))
-        out.set("terminated", self._flag(terminated))
-        out.set("truncated", self._flag(truncated))
-        return out
+        entries["reward"] = reward_t.reshape(*self.batch_size, 1)
+        entries["terminated"] = term = self._flag(terminated)
+        entries["truncated"] = trunc = self._flag(truncated)
+        entries["done"] = term | trunc
+        return TensorDict(entries, batch_size=self.batch_size, device=self.device)
 
     def _set_seed(self, seed: int | None) -> None:
         self._pending_seed = seed
