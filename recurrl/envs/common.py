@@ -326,7 +326,11 @@ class EnvBase(nn.Module, metaclass=abc.ABCMeta):
         if tensordict is not None:
             self._check_input(tensordict, "reset")
             mask = get_reset_mask(tensordict, self.batch_size)
-            if mask is not None:  # canonical [*B, 1] mask, on a shallow copy
+            if mask is not None and bool(mask.all()):
+                # Every env resets: the plain path gives the same result without the
+                # per-key merging of a partial reset (a single env's resets all take it).
+                tensordict = tensordict.exclude(RESET_KEY)
+            elif mask is not None:  # canonical [*B, 1] mask, on a shallow copy
                 tensordict = tensordict.copy()
                 tensordict.set(RESET_KEY, mask.unsqueeze(-1))
         out = self._reset_proc(tensordict, **kwargs)
@@ -354,8 +358,8 @@ class EnvBase(nn.Module, metaclass=abc.ABCMeta):
         if mask is not None and tensordict is not None:
             out_keys = out.keys(include_nested=True)
             for key, _ in kept:
-                if key in out_keys:
-                    current = tensordict.get(key, None)
+                current = tensordict.get(key, None)
+                if current is not None and key in out_keys:
                     out.set(key, where_reset(mask, out.get(key), current))
         return out
 
