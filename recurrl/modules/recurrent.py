@@ -90,7 +90,11 @@ class RecurrentModule(TensorDictModuleBase):
             rnn, input_size, hidden_size, num_layers, bias, dropout, proj_size, device
         )
         check_recurrent_options(
-            recurrent_backend, recurrent_recompute, python_based=python_based, device=device
+            recurrent_backend,
+            recurrent_recompute,
+            python_based=python_based,
+            device=device,
+            proj_size=getattr(rnn, "proj_size", 0),
         )
         if recurrent_compute_dtype not in _COMPUTE_DTYPES:
             raise ValueError(
@@ -474,6 +478,8 @@ class RecurrentModule(TensorDictModuleBase):
             recompute=self.recurrent_recompute,
             python_based=self.python_based,
             runner=self._runner() if self.python_based else None,
+            compute_dtype=self.recurrent_compute_dtype,
+            matmul_precision=self.recurrent_matmul_precision,
         )
         td.set(self.out_keys[0], y.reshape(*batch, y.shape[-1]))
         for key, s in zip(self.out_keys[1:], new_states, strict=True):

@@ -23,7 +23,11 @@ from recurrl.functional.recurrent.config import LayerWeights, RNNConfig
 from recurrl.functional.recurrent.pad import Runner, fused_runner, pad_unroll
 from recurrl.functional.recurrent.scan import scan_unroll
 from recurrl.functional.recurrent.step import recurrent_step
-from recurrl.functional.recurrent.triton import triton_unavailable_reason
+from recurrl.functional.recurrent.triton import (
+    triton_config_error,
+    triton_unavailable_reason,
+    triton_unroll,
+)
 from recurrl.functional.sequences import trajectory_ends
 
 __all__ = [
@@ -45,7 +49,12 @@ RECURRENT_RECOMPUTE = ("none", "full")
 
 
 def check_recurrent_options(
-    backend: str, recompute: str, *, python_based: bool, device: torch.device | str | None = None
+    backend: str,
+    recompute: str,
+    *,
+    python_based: bool,
+    device: torch.device | str | None = None,
+    proj_size: int = 0,
 ) -> None:
     """Validate a backend configuration, raising ``ValueError`` (or ``ImportError``/
     ``RuntimeError`` for an unusable ``"triton"``) with what to change.
@@ -75,6 +84,8 @@ def check_recurrent_options(
                 "python_based=True cannot be honoured with recurrent_backend='triton' (a fused "
                 "GPU kernel). Use recurrent_backend='scan' for a python-native recurrent mode."
             )
+        if proj_size:
+            raise ValueError(triton_config_error(proj_size))
         reason = triton_unavailable_reason(device)
         if reason is not None:
             error = ImportError if "not installed" in reason else RuntimeError
@@ -89,6 +100,8 @@ def resolve_backend(backend: str, x: Tensor, *, python_based: bool, mode: str = 
     the LSTM on CPU (oneDNN's fused LSTM on a few padded buckets), and ``scan`` for the GRU on
     CPU, where torch's GRU kernel pays a large fixed cost per time step that the fused scan
     loop avoids. The figures behind these choices are in ``benchmarks/README.md``.
+    ``auto`` never picks ``triton``: its kernel has not been timed against cuDNN yet
+    (``benchmarks/triton_gpu.py``), so it is used only when asked for by name.
 
     Examples:
         >>> import torch
@@ -118,6 +131,8 @@ def recurrent_unroll(
     recompute: str = "none",
     python_based: bool = False,
     runner: Runner | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+    matmul_precision: str = "auto",
 ) -> tuple[Tensor, tuple[Tensor, ...]]:
     """Run a stacked LSTM/GRU over ``[N, T]`` sequences with resets.
 
@@ -134,6 +149,10 @@ def recurrent_unroll(
         python_based: use only python-native torch ops (no fused torch RNN kernels).
         runner: for ``pad``, the multi-layer call to run on the pieces (defaults to torch's
             fused kernels through :func:`fused_runner`).
+        compute_dtype: for ``triton``, the dtype of the recurrent matmul's operands
+            (``torch.float32`` or ``torch.bfloat16``); other backends ignore it.
+        matmul_precision: for ``triton``, a :mod:`recurrl.functional.precision` mode for
+            float32 operands; other backends ignore it.
 
     Returns:
         ``(y, next_states)``: ``y`` is ``[N, T, O]``; each next state is ``[N, T, L, S]``,
@@ -177,7 +196,18 @@ def recurrent_unroll(
         )
         ends = trajectory_ends(is_init)[..., None, None].to(y.dtype)
         return y, tuple(s * ends for s in new_states)
-    if name != "triton":
-        raise ValueError(f"recurrent backend must be one of {RECURRENT_BACKENDS}, got {name!r}.")
-    reason = triton_unavailable_reason(x.device)
-    raise RuntimeError(reason or f"unknown recurrent backend {name!r}")
+    if name == "triton":
+        y, new_states = triton_unroll(
+            cfg,
+            flat_weights,
+            x,
+            states,
+            is_init,
+            training=training,
+            recompute=recompute == "full",
+            compute_dtype=compute_dtype,
+            matmul_precision=matmul_precision,
+        )
+        ends = trajectory_ends(is_init)[..., None, None].to(y.dtype)
+        return y, tuple(s * ends for s in new_states)
+    raise ValueError(f"recurrent backend must be one of {RECURRENT_BACKENDS}, got {name!r}.")

@@ -1,7 +1,7 @@
 """``pad`` for the fused LSTM: a few right-padded calls with exactly frozen padding steps.
 
 On CPU torch runs ``nn.LSTM`` through oneDNN, whose cost grows with the number of
-(row, step) pairs processed plus a large fixed cost per call (about 0.8 ms forward+backward on
+(row, step) pairs processed plus a large fixed cost per call (about 1 ms forward+backward on
 the project's machines, whatever the shape). Splitting a batch at its resets therefore wants
 *few* calls on *little* padding: the trajectory pieces, sorted by length, are grouped into
 buckets chosen by a small dynamic programme over the distinct lengths, and each bucket is one
@@ -76,8 +76,10 @@ def plan_buckets(lengths: Sequence[int], call_cost: float) -> list[tuple[int, in
 
 
 def _call_cost(cfg: RNNConfig) -> float:
-    # Fixed cost of one call in (row, step) units: a call is ~0.8 ms, a row-step of a fused
-    # LSTM with H = 64 about 3.4 us and with H = 256 about 15 us on 2 CPU cores.
+    # Fixed cost of one call in (row, step) units: a call is ~1 ms, a row-step of a fused
+    # LSTM with H = 64 about 2-3 us and with H = 256 about 15 us on 2 CPU cores. (Measured: the
+    # optimum is flat around this value; the GRU is better served by pad.py's windows, its
+    # CPU kernel paying per time step rather than per call.)
     return max(16.0, 15000.0 / cfg.hidden_size)
 
 
