@@ -21,6 +21,11 @@ from recurrl.functional.recurrent import (
     recurrent_unroll,
     resolve_backend,
 )
+from recurrl.functional.returns import (
+    generalized_advantage_estimate,
+    td0_return_estimate,
+    td_lambda_return_estimate,
+)
 from recurrl.functional.rnn import GRU, LSTM, GRUCell, LSTMCell
 from recurrl.functional.sequences import segment_starts, split_pieces, trajectory_ends
 
@@ -33,6 +38,7 @@ __all__ = [
     "RNNConfig",
     "RecurrentMatmulPrecision",
     "RecurrentMatmulPrecisionUserMode",
+    "generalized_advantage_estimate",
     "gru_cell",
     "gru_cell_from_projection",
     "lstm_cell",
@@ -43,5 +49,7 @@ __all__ = [
     "segment_starts",
     "set_recurrent_matmul_precision",
     "split_pieces",
+    "td0_return_estimate",
+    "td_lambda_return_estimate",
     "trajectory_ends",
 ]

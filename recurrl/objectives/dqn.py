@@ -1,0 +1,197 @@
+"""``DQNLoss``: (double) DQN for recurrent Q-networks on replayed slices, with burn-in.
+
+The Q-network writes ``"action_value"`` ``[*B, num_actions]``. It runs in recurrent mode
+over the batch; ``Q(s_{t+1}, .)`` is read from the same pass at ``t + 1`` inside a
+trajectory and from one sequential step on ``("next", ...)`` with the recomputed
+``("next", h)`` at trajectory ends (see ``recurrl/objectives/value/_next_state.py``), for the
+online network (double DQN's argmax) and the target network alike.
+
+Burn-in (R2D2, Kapturowski et al. 2019): the first ``burn_in`` steps of every sequence (from
+``t = 0`` and from every ``is_init``, i.e. every replayed slice start) only warm the hidden
+state up from the stored one and are masked out of the loss. Gradients still flow back into
+them through the hidden state of later steps (R2D2 stops them there).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from tensordict.utils import NestedKey
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from recurrl.functional.returns import td0_return_estimate
+from recurrl.objectives.common import (
+    LossModule,
+    burn_in_mask,
+    masked_mean,
+    per_step,
+    step_mask,
+)
+from recurrl.objectives.value._next_state import values_and_next_values
+
+__all__ = ["DQNLoss"]
+
+_LOSSES = ("smooth_l1", "l2", "l1")
+
+
+def _next(key: NestedKey) -> tuple[str, ...]:
+    return ("next", *((key,) if isinstance(key, str) else key))
+
+
+class DQNLoss(LossModule):
+    """(Double) DQN loss for a possibly recurrent Q-network.
+
+    Args:
+        value_network: TensorDict module writing ``"action_value"`` ``[*B, num_actions]``.
+
+    Keyword Args:
+        double_dqn: pick the next action with the online network and evaluate it with the
+            target network. Default True.
+        gamma: discount. Default 0.99.
+        burn_in: steps at the start of every sequence excluded from the loss. Default 0.
+        delay_value: keep a target network (``loss.target_value_network``, synced by
+            :class:`HardUpdate`/:class:`SoftUpdate`); else bootstrap with the online network
+            (without gradient). Default True.
+        loss_function: ``"smooth_l1"``, ``"l2"`` or ``"l1"``. Default ``"smooth_l1"``.
+
+    Batch: ``"action"`` (integer ``[*B]``/``[*B, 1]`` or one-hot ``[*B, num_actions]``),
+    ``"is_init"``, ``("next", "reward"|"done"|"terminated")``, optionally
+    ``("collector", "mask")``. Returns a TensorDict with ``"loss"`` and the detached
+    ``"td_error"`` mean.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from tensordict.nn import TensorDictModule
+        >>> q = TensorDictModule(torch.nn.Linear(2, 3), ["obs"], ["action_value"])
+        >>> td = TensorDict({"obs": torch.randn(6, 2), "action": torch.randint(0, 3, (6,)),
+        ...     "is_init": torch.zeros(6, 1, dtype=torch.bool),
+        ...     "next": {"obs": torch.randn(6, 2), "reward": torch.ones(6, 1),
+        ...              "done": torch.zeros(6, 1, dtype=torch.bool),
+        ...              "terminated": torch.zeros(6, 1, dtype=torch.bool)}}, [6])
+        >>> loss = DQNLoss(q, burn_in=2)
+        >>> loss(td)["loss"].backward()
+    """
+
+    @dataclass
+    class _AcceptedKeys:
+        """Key names; ``reward``/``done``/``terminated`` are read under ``"next"``."""
+
+        action_value: NestedKey = "action_value"
+        action: NestedKey = "action"
+        reward: NestedKey = "reward"
+        done: NestedKey = "done"
+        terminated: NestedKey = "terminated"
+        is_init: NestedKey = "is_init"
+        mask: NestedKey = ("collector", "mask")
+
+    def __init__(
+        self,
+        value_network: TensorDictModuleBase,
+        *,
+        double_dqn: bool = True,
+        gamma: float = 0.99,
+        burn_in: int = 0,
+        delay_value: bool = True,
+        loss_function: str = "smooth_l1",
+    ) -> None:
+        super().__init__()
+        if not isinstance(value_network, TensorDictModuleBase):
+            raise ValueError(
+                f"DQNLoss: value_network must be a tensordict.nn module writing "
+                f"'action_value', received {type(value_network).__name__}. Fix: "
+                f"TensorDictModule(net, in_keys=[...], out_keys=['action_value'])."
+            )
+        if loss_function not in _LOSSES:
+            raise ValueError(
+                f"DQNLoss: loss_function must be one of {_LOSSES}, received {loss_function!r}."
+            )
+        if not isinstance(burn_in, int) or burn_in < 0:
+            raise ValueError(f"DQNLoss: expected burn_in to be an int >= 0, received {burn_in!r}.")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"DQNLoss: expected gamma in [0, 1], received {gamma!r}.")
+        self.value_network = value_network
+        self.target_value_network: nn.Module | None = None
+        if delay_value:
+            target = copy.deepcopy(value_network)
+            target.requires_grad_(False)
+            self.target_value_network = target
+        self.double_dqn = double_dqn
+        self.gamma = float(gamma)
+        self.burn_in = burn_in
+        self.delay_value = delay_value
+        self.loss_function = loss_function
+
+    def _target_network_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
+        if self.target_value_network is None:
+            return []
+        return [(self.value_network, self.target_value_network)]
+
+    def _chosen(self, q: Tensor, action: Tensor, batch_dims: int) -> Tensor:
+        if action.dtype.is_floating_point or action.dtype == torch.bool:
+            if action.shape != q.shape:
+                raise ValueError(
+                    f"DQNLoss: a one-hot action must have the shape of the action values "
+                    f"{list(q.shape)}, received {list(action.shape)}."
+                )
+            return (q * action.to(q.dtype)).sum(-1)
+        if action.dim() == batch_dims + 1 and action.shape[-1] == 1:
+            action = action.squeeze(-1)
+        if action.dim() != batch_dims:
+            raise ValueError(
+                f"DQNLoss: integer actions must be [*B] or [*B, 1] with batch dims "
+                f"{list(q.shape[:batch_dims])}, received {list(action.shape)}."
+            )
+        return q.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+
+    def _next_q(self, td: TensorDictBase, q_next_online: Tensor) -> Tensor:
+        k = self.tensor_keys
+        kw = {"is_init_key": k.is_init, "done_key": _next(k.done), "what": "DQNLoss"}
+        if self.target_value_network is None:
+            q_next_target = q_next_online
+        else:
+            with torch.no_grad():
+                _, q_next_target = values_and_next_values(
+                    self.target_value_network, td, k.action_value, **kw
+                )
+        if self.double_dqn:
+            best = q_next_online.argmax(-1, keepdim=True)
+            return q_next_target.gather(-1, best).squeeze(-1)
+        return q_next_target.max(-1).values
+
+    def _distance(self, q: Tensor, target: Tensor) -> Tensor:
+        if self.loss_function == "smooth_l1":
+            return F.smooth_l1_loss(q, target, reduction="none")
+        if self.loss_function == "l2":
+            return (q - target).pow(2)
+        return (q - target).abs()
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        k = self.tensor_keys
+        td = tensordict
+        q, q_next_online = values_and_next_values(
+            self.value_network, td, k.action_value, is_init_key=k.is_init,
+            done_key=_next(k.done), what="DQNLoss",
+        )  # fmt: skip
+        action = td.get(k.action, None)
+        if action is None:
+            raise KeyError(f"DQNLoss: action key {k.action!r} not found in the batch.")
+        q_sa = self._chosen(q, action, td.batch_dims)
+        with torch.no_grad():
+            q_next = self._next_q(td, q_next_online)
+            reward = per_step(td, _next(k.reward), "DQNLoss").to(q.dtype)
+            term = per_step(td, _next(k.terminated), "DQNLoss").bool()
+            target = td0_return_estimate(self.gamma, q_next, reward, term)
+        mask = step_mask(td, k.mask)
+        if self.burn_in:
+            is_init = per_step(td, k.is_init, "DQNLoss").bool()
+            keep = ~burn_in_mask(is_init, self.burn_in)
+            mask = keep if mask is None else mask & keep
+        loss = masked_mean(self._distance(q_sa, target), mask)
+        td_error = masked_mean((q_sa - target).abs(), mask).detach()
+        return TensorDict({"loss": loss, "td_error": td_error}, batch_size=[])

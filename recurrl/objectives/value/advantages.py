@@ -1,0 +1,183 @@
+"""Value estimators (GAE, TD(lambda)) that run a possibly recurrent critic in recurrent mode.
+
+The critic runs over the whole batch in recurrent mode; the value of ``s_{t+1}`` comes from
+the same pass where ``t + 1`` continues the trajectory, and from one sequential step on
+``("next", ...)`` with the recomputed ``("next", h)`` at trajectory ends (see
+``recurrl/objectives/value/_next_state.py``). The kernels live in
+:mod:`recurrl.functional.returns`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from tensordict.utils import NestedKey
+from torch import Tensor
+
+from recurrl.functional.returns import (
+    generalized_advantage_estimate,
+    td_lambda_return_estimate,
+)
+from recurrl.objectives.common import LossModule, masked_normalize, step_mask
+from recurrl.objectives.value._next_state import values_and_next_values
+
+__all__ = ["GAE", "TDLambdaEstimator", "ValueEstimatorBase"]
+
+
+def _check_coef(cls: str, name: str, value: float) -> float:
+    if not 0.0 <= float(value) <= 1.0:
+        raise ValueError(f"{cls}: expected {name} in [0, 1], received {value!r}.")
+    return float(value)
+
+
+class ValueEstimatorBase(LossModule):
+    """Shared plumbing: keys, the critic pass, and the ``[*B, T, 1]`` reward/flag reads."""
+
+    @dataclass
+    class _AcceptedKeys:
+        """Key names. ``reward``/``done``/``terminated`` are read under ``"next"``."""
+
+        advantage: NestedKey = "advantage"
+        value_target: NestedKey = "value_target"
+        value: NestedKey = "state_value"
+        reward: NestedKey = "reward"
+        done: NestedKey = "done"
+        terminated: NestedKey = "terminated"
+        is_init: NestedKey = "is_init"
+        mask: NestedKey = ("collector", "mask")
+
+    def __init__(self, gamma: float, lmbda: float, value_network: TensorDictModuleBase) -> None:
+        super().__init__()
+        name = type(self).__name__
+        self.gamma = _check_coef(name, "gamma", gamma)
+        self.lmbda = _check_coef(name, "lmbda", lmbda)
+        if not isinstance(value_network, TensorDictModuleBase):
+            raise ValueError(
+                f"{name}: value_network must be a tensordict.nn module writing "
+                f"{self.tensor_keys.value!r}, received {type(value_network).__name__}. Fix: "
+                f"wrap it, TensorDictModule(net, in_keys=[...], out_keys=['state_value'])."
+            )
+        self.value_network = value_network
+
+    def _next(self, key: NestedKey) -> tuple[str, ...]:
+        return ("next", *((key,) if isinstance(key, str) else key))
+
+    def _read(self, td: TensorDictBase, key: NestedKey) -> Tensor:
+        x = td.get(key, None)
+        if x is None:
+            raise KeyError(f"{type(self).__name__}: key {key!r} not found in the TensorDict.")
+        return x.unsqueeze(-1) if x.dim() == td.batch_dims else x
+
+    def _values(self, td: TensorDictBase) -> tuple[Tensor, Tensor]:
+        k = self.tensor_keys
+        with torch.no_grad():
+            v, nv = values_and_next_values(
+                self.value_network, td, k.value, is_init_key=k.is_init,
+                done_key=self._next(k.done), what=type(self).__name__,
+            )  # fmt: skip
+        if v.dim() == td.batch_dims:
+            v, nv = v.unsqueeze(-1), nv.unsqueeze(-1)
+        return v, nv
+
+
+class GAE(ValueEstimatorBase):
+    """Generalized advantage estimation for a (possibly recurrent) critic.
+
+    Writes ``"advantage"``, ``"value_target"`` and the critic's ``"state_value"`` (all
+    ``[*B, T, 1]``, no gradient) into the input TensorDict and returns it.
+
+    Args:
+        gamma: discount.
+        lmbda: GAE lambda.
+        value_network: TensorDict module writing ``"state_value"`` ``[*B, 1]``; may contain
+            ``LSTMModule``/``GRUModule`` (run in recurrent mode).
+
+    Keyword Args:
+        average_gae: normalize the advantage to zero mean, unit std (over real steps).
+
+    Input keys: the critic's in_keys and ``("next", ...)`` in_keys, ``"is_init"``,
+    ``("next", "reward"|"done"|"terminated")``, optionally ``("collector", "mask")``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from tensordict.nn import TensorDictModule
+        >>> critic = TensorDictModule(torch.nn.Linear(2, 1), ["obs"], ["state_value"])
+        >>> td = TensorDict({"obs": torch.randn(4, 5, 2),
+        ...     "is_init": torch.zeros(4, 5, 1, dtype=torch.bool),
+        ...     "next": {"obs": torch.randn(4, 5, 2), "reward": torch.ones(4, 5, 1),
+        ...              "done": torch.zeros(4, 5, 1, dtype=torch.bool),
+        ...              "terminated": torch.zeros(4, 5, 1, dtype=torch.bool)}}, [4, 5])
+        >>> GAE(0.99, 0.95, critic)(td)["advantage"].shape
+        torch.Size([4, 5, 1])
+    """
+
+    def __init__(
+        self,
+        gamma: float,
+        lmbda: float,
+        value_network: TensorDictModuleBase,
+        *,
+        average_gae: bool = False,
+    ) -> None:
+        super().__init__(gamma, lmbda, value_network)
+        self.average_gae = average_gae
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        k = self.tensor_keys
+        v, nv = self._values(tensordict)
+        reward = self._read(tensordict, self._next(k.reward))
+        done = self._read(tensordict, self._next(k.done))
+        term = self._read(tensordict, self._next(k.terminated))
+        adv, target = generalized_advantage_estimate(
+            self.gamma, self.lmbda, v, nv, reward.to(v.dtype), done, term, time_dim=-2
+        )
+        if self.average_gae:
+            mask = step_mask(tensordict, k.mask)
+            adv = masked_normalize(adv.squeeze(-1), mask).unsqueeze(-1)
+        tensordict.set(k.advantage, adv)
+        tensordict.set(k.value_target, target)
+        tensordict.set(k.value, v)
+        return tensordict
+
+
+class TDLambdaEstimator(ValueEstimatorBase):
+    """TD(lambda) value targets for a (possibly recurrent) critic.
+
+    Writes ``"value_target"`` (the TD(lambda) return), ``"advantage"`` (``value_target -
+    state_value``) and ``"state_value"``, all ``[*B, T, 1]`` without gradient.
+
+    Args:
+        gamma: discount.
+        lmbda: lambda.
+        value_network: TensorDict module writing ``"state_value"``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from tensordict.nn import TensorDictModule
+        >>> critic = TensorDictModule(lambda o: o.sum(-1, keepdim=True), ["obs"], ["state_value"])
+        >>> td = TensorDict({"obs": torch.zeros(3, 1), "is_init": torch.zeros(3, 1).bool(),
+        ...     "next": {"obs": torch.tensor([[0.0], [0.0], [10.0]]),
+        ...              "reward": torch.ones(3, 1), "done": torch.zeros(3, 1).bool(),
+        ...              "terminated": torch.zeros(3, 1).bool()}}, [3])
+        >>> TDLambdaEstimator(0.5, 1.0, critic)(td)["value_target"].squeeze(-1)
+        tensor([3., 4., 6.])
+    """
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        k = self.tensor_keys
+        v, nv = self._values(tensordict)
+        reward = self._read(tensordict, self._next(k.reward))
+        done = self._read(tensordict, self._next(k.done))
+        term = self._read(tensordict, self._next(k.terminated))
+        target = td_lambda_return_estimate(
+            self.gamma, self.lmbda, nv, reward.to(v.dtype), done, term, time_dim=-2
+        )
+        tensordict.set(k.value_target, target)
+        tensordict.set(k.advantage, target - v)
+        tensordict.set(k.value, v)
+        return tensordict
