@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["LayerWeights", "RNNConfig"]
+__all__ = ["LayerWeights", "RNNConfig", "drive_layers"]
 
 
 class LayerWeights(NamedTuple):
@@ -72,3 +74,37 @@ class RNNConfig:
         b_ih, b_hh = (chunk[2], chunk[3]) if self.bias else (None, None)
         w_hr = chunk[-1] if self.proj_size else None
         return LayerWeights(w_ih, w_hh, b_ih, b_hh, w_hr)
+
+
+#: ``layer_fn(weights, layer_in [T, N, F], stored (each [T, N, S])) -> states (each [T, N, S])``
+LayerFn = Callable[[LayerWeights, Tensor, tuple[Tensor, ...]], tuple[Tensor, ...]]
+
+
+def drive_layers(
+    cfg: RNNConfig,
+    flat_weights: Sequence[Tensor],
+    x: Tensor,
+    states: tuple[Tensor, ...],
+    layer_fn: LayerFn,
+    *,
+    training: bool,
+) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """Stack layers of a time-major layer kernel over batch-first data (shared by backends).
+
+    Feeds each layer its stored states, the previous layer's ``h`` (with inter-layer dropout in
+    training), and reassembles ``y [N, T, O]`` and the per-step states ``[N, T, L, S]``.
+    """
+    layer_in = x.transpose(0, 1)  # time-major [T, N, F]
+    per_layer: list[tuple[Tensor, ...]] = []
+    for layer in range(cfg.num_layers):
+        stored = tuple(s[:, :, layer].transpose(0, 1).contiguous() for s in states)
+        out = layer_fn(cfg.layer_weights(flat_weights, layer), layer_in, stored)
+        per_layer.append(out)
+        layer_in = out[0]
+        if training and cfg.dropout and layer < cfg.num_layers - 1:
+            layer_in = F.dropout(layer_in, cfg.dropout, training=True)
+    new_states = tuple(
+        torch.stack([layer_out[k] for layer_out in per_layer], dim=2).transpose(0, 1)
+        for k in range(len(states))
+    )
+    return layer_in.transpose(0, 1), new_states

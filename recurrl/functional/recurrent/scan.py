@@ -27,7 +27,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from recurrl.functional.cells import gru_cell_from_projection, lstm_cell_from_projection
-from recurrl.functional.recurrent.config import LayerWeights, RNNConfig
+from recurrl.functional.recurrent.config import LayerWeights, RNNConfig, drive_layers
 from recurrl.functional.sequences import segment_starts
 
 __all__ = ["scan_unroll"]
@@ -286,28 +286,16 @@ def scan_unroll(
     """
     fused = _use_fused(cfg, x, python_based)
     reset = segment_starts(is_init).t().unsqueeze(-1)  # [T, N, 1], t = 0 always restarts
-    layer_in = x.transpose(0, 1)  # time-major [T, N, F]
-    per_layer: list[tuple[Tensor, ...]] = []
-    for layer in range(cfg.num_layers):
-        lw = cfg.layer_weights(flat_weights, layer)
+
+    def layer_fn(lw: LayerWeights, layer_in: Tensor, stored: tuple[Tensor, ...]):
         xp = _input_projection(cfg, lw, layer_in).contiguous()
-        stored = tuple(s[:, :, layer].transpose(0, 1).contiguous() for s in states)
         if fused and cfg.mode == "lstm":
             hc = _LSTMScan.apply(xp, torch.cat(stored, dim=-1), reset, lw.weight_hh, recompute)
-            out = (hc[..., : cfg.hidden_size], hc[..., cfg.hidden_size :])
-        elif fused:
-            out = (_GRUScan.apply(xp, stored[0], reset, lw.weight_hh, lw.bias_hh, recompute),)
-        elif recompute:
-            out = checkpoint(_autograd_layer, cfg, lw, xp, stored, reset, use_reentrant=False)
-        else:
-            out = _autograd_layer(cfg, lw, xp, stored, reset)
-        per_layer.append(out)
-        layer_in = out[0]
-        if training and cfg.dropout and layer < cfg.num_layers - 1:
-            layer_in = F.dropout(layer_in, cfg.dropout, training=True)
-    y = layer_in.transpose(0, 1)
-    new_states = tuple(
-        torch.stack([layer_out[k] for layer_out in per_layer], dim=2).transpose(0, 1)
-        for k in range(len(states))
-    )
-    return y, new_states
+            return (hc[..., : cfg.hidden_size], hc[..., cfg.hidden_size :])
+        if fused:
+            return (_GRUScan.apply(xp, stored[0], reset, lw.weight_hh, lw.bias_hh, recompute),)
+        if recompute:
+            return checkpoint(_autograd_layer, cfg, lw, xp, stored, reset, use_reentrant=False)
+        return _autograd_layer(cfg, lw, xp, stored, reset)
+
+    return drive_layers(cfg, flat_weights, x, states, layer_fn, training=training)

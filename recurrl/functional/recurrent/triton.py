@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from recurrl.functional.precision import resolve_recurrent_matmul_precision
-from recurrl.functional.recurrent.config import RNNConfig
+from recurrl.functional.recurrent.config import RNNConfig, drive_layers
 from recurrl.functional.sequences import segment_starts
 
 __all__ = [
@@ -263,22 +263,11 @@ def triton_unroll(
         precision = "ieee"  # input_precision only concerns float32 operands
     opts = _Options(cfg.mode == "lstm", compute_dtype, precision, recompute)
     reset = segment_starts(is_init).t().contiguous().to(torch.int8)  # [T, N], t = 0 restarts
-    layer_in = x.transpose(0, 1)
-    per_layer: list[tuple[Tensor, ...]] = []
-    for layer in range(cfg.num_layers):
-        lw = cfg.layer_weights(flat_weights, layer)
+
+    def layer_fn(lw, layer_in: Tensor, stored: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         xp, b_hn = _projection(cfg, lw, layer_in)
-        stored = [s[:, :, layer].transpose(0, 1).contiguous() for s in states]
         sc = stored[1] if opts.lstm else None
         out = _TritonLayer.apply(xp.contiguous(), stored[0], sc, reset, lw.weight_hh, b_hn, opts)
-        out = out if opts.lstm else (out,)
-        per_layer.append(out)
-        layer_in = out[0]
-        if training and cfg.dropout and layer < cfg.num_layers - 1:
-            layer_in = F.dropout(layer_in, cfg.dropout, training=True)
-    y = layer_in.transpose(0, 1)
-    new_states = tuple(
-        torch.stack([layer_out[k] for layer_out in per_layer], dim=2).transpose(0, 1)
-        for k in range(len(states))
-    )
-    return y, new_states
+        return out if opts.lstm else (out,)
+
+    return drive_layers(cfg, flat_weights, x, states, layer_fn, training=training)
