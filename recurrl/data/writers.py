@@ -17,7 +17,9 @@ class Writer:
     def extend(self, storage: Storage, data: TensorDictBase) -> Tensor:
         """Write ``data`` (batch ``[n]``, or ``[N, T]`` row by row) into ``storage``; return
         the ``[n]`` positions written."""
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"Writer subclasses implement extend(storage, data); {type(self).__name__} does not."
+        )
 
     def state_dict(self) -> dict:
         return {}

@@ -739,7 +739,9 @@ class Composite(TensorSpec):
         return f"Composite({{{body}}}, shape={tuple(self.shape)}, device={self.device})"
 
     def _sample(self, shape: torch.Size) -> torch.Tensor:  # pragma: no cover - rand overrides
-        raise NotImplementedError
+        raise NotImplementedError(
+            "Composite.rand() samples each leaf spec; there is no single tensor to sample."
+        )
 
     def _zero_value(self, shape: torch.Size) -> torch.Tensor:  # pragma: no cover
         raise NotImplementedError

@@ -91,3 +91,14 @@ def trajectory_end_mask(is_init: Tensor) -> Tensor:
     ends = torch.ones_like(is_init)
     ends[..., :-1] = is_init[..., 1:]
     return ends
+
+
+def random_sequence(module: RecurrentModule, batch: tuple[int, ...] = (2, 5)) -> TensorDict:
+    """Random recurrent-mode data for ``module``: inputs, restarts and noisy stored states."""
+    states = [torch.randn(*batch, *shape) for shape in state_shapes(module)]
+    return sequence_td(module, torch.randn(*batch, F_IN), random_is_init(batch), states)
+
+
+def outputs_of(module: RecurrentModule, td: TensorDict) -> list[Tensor]:
+    """The module's output ``"y"`` and its next states, as written in ``td``."""
+    return [td["y"], *(td["next", k] for k in module.state_keys)]

@@ -46,7 +46,10 @@ class Sampler:
 
     def sample(self, storage: Storage, batch_size: int) -> tuple[Tensor, dict]:
         """Return ``(index [n] int64, info)`` for a batch of ``batch_size`` steps."""
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"Sampler subclasses implement sample(storage, batch_size); "
+            f"{type(self).__name__} does not."
+        )
 
     def extend(self, storage: Storage, index: Tensor, data: TensorDictBase,
                row_start: Tensor) -> None:  # fmt: skip

@@ -57,7 +57,9 @@ class Storage:
     def _allocate(self, template: TensorDictBase) -> TensorDictBase:
         """Return a ``[max_size]`` TensorDict with the keys, dtypes and shapes of ``template``
         (a single step, batch size ``[]``)."""
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"Storage subclasses implement _allocate(template); {type(self).__name__} does not."
+        )
 
     # -- contract ------------------------------------------------------------------------
     def __len__(self) -> int:
