@@ -336,11 +336,12 @@ class Collector:
             "policy": policy.state_dict() if isinstance(policy, nn.Module) else None,
         }
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any], *, env_restored: bool = False) -> None:
         """Continue from :meth:`state_dict` of another collector (same env and policy kinds).
 
-        The carried root is restored only together with a non-empty env ``state_dict`` (the
-        env's state is then restored too, so the two agree). Otherwise the env cannot be put
+        The carried root is restored only together with the env's state: a non-empty env
+        ``state_dict`` (restored here), or ``env_restored=True`` when the caller has put the
+        env back itself (e.g. ``GymEnv.load_simulator_state``). Otherwise the env cannot be put
         back where it was: the next batch starts with a reset, and trajectory ids go on
         from the saved counter (they stay globally unique).
         """
@@ -349,8 +350,9 @@ class Collector:
         if state_dict.get("policy") is not None and isinstance(self.policy, nn.Module):
             self.policy.load_state_dict(state_dict["policy"])
         env_state = state_dict.get("env") or {}
-        if env_state and state_dict.get("root") is not None:
-            self.env.load_state_dict(env_state)
+        if (env_state or env_restored) and state_dict.get("root") is not None:
+            if env_state:
+                self.env.load_state_dict(env_state)
             self._root = state_dict["root"].clone()
             self._traj_ids = state_dict["traj_ids"].clone()
         else:

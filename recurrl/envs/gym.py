@@ -6,6 +6,7 @@ accept leading batch dims, so a vectorized wrapper can reuse them unchanged.
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import gymnasium
@@ -307,6 +308,28 @@ class GymEnv(EnvBase):
         entries["truncated"] = trunc = self._flag(truncated)
         entries["done"] = term | trunc
         return TensorDict(entries, batch_size=self.batch_size, device=self.device)
+
+    def simulator_state(self) -> bytes:
+        """The gymnasium env pickled, with the wrapper's pending flags, for exact checkpoints.
+
+        The env's ``state_dict()`` cannot hold a simulator; this can, for envs that pickle (a
+        subprocess vector env does not: ``pickle`` raises).
+        """
+        state = {
+            "env": self._env,
+            "needs_reset": getattr(self, "_needs_reset", None),
+            "pending_seed": self._pending_seed,
+        }
+        return pickle.dumps(state)
+
+    def load_simulator_state(self, blob: bytes) -> None:
+        """Swap in a simulator saved by :meth:`simulator_state` (the current one is closed)."""
+        state = pickle.loads(blob)
+        self._env.close()
+        self._env = state["env"]
+        if state["needs_reset"] is not None:
+            self._needs_reset = state["needs_reset"]
+        self._pending_seed = state["pending_seed"]
 
     def _set_seed(self, seed: int | None) -> None:
         self._pending_seed = seed

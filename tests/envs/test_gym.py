@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
+from tensordict import TensorDict
 
 from recurrl.envs import (
     Binary,
@@ -231,3 +232,25 @@ class TestErrorsAndTransforms:
         starts = data["is_init"].squeeze(-1)
         after_done = torch.cat([torch.tensor([True]), data["next", "done"].squeeze(-1)[:-1]])
         assert torch.equal(starts, after_done)
+
+
+def test_simulator_state_round_trip_replays_the_same_steps():
+    # An exact checkpoint needs the gymnasium simulator itself: restoring it replays the
+    # same observations for the same actions.
+    env = GymEnv("CartPole-v1", seed=3)
+    td = env.reset()
+    for _ in range(3):
+        td = env.step_mdp(env.step(env.rand_action(td)))
+    blob = env.simulator_state()
+    actions = [torch.tensor(a) for a in (0, 1, 1, 0)]
+
+    def replay():
+        obs = []
+        for action in actions:
+            out = env.step(TensorDict({"action": action}, batch_size=[]))
+            obs.append(out["next", "observation"])
+        return torch.stack(obs)
+
+    first = replay()
+    env.load_simulator_state(blob)
+    torch.testing.assert_close(replay(), first, rtol=0, atol=0)
