@@ -1,0 +1,78 @@
+"""Evaluate a trained run: the returns of ``K`` fresh episodes of its checkpointed policy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from recurrl.collectors import Collector
+from recurrl.trainers import checkpoint as ckpt
+from recurrl.trainers.config import TrainConfig
+from recurrl.trainers.models import ActorCritic, make_env
+
+__all__ = ["CONFIG", "evaluate", "load_config"]
+
+CONFIG = "config.json"
+STEPS_PER_BATCH = 100
+
+
+def load_config(run_dir: Path | str) -> TrainConfig:
+    """The resolved config saved in ``run_dir/config.json``."""
+    path = Path(run_dir) / CONFIG
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no {CONFIG} in {run_dir}. Fix: pass the run directory that `recurrl train` "
+            f"printed on its last line."
+        )
+    return TrainConfig.from_dict(json.loads(path.read_text()))
+
+
+def evaluate(
+    run_dir: Path | str,
+    *,
+    episodes: int = 10,
+    seed: int | None = None,
+    deterministic: bool = True,
+    max_steps: int = 100_000,
+) -> list[float]:
+    """Run ``episodes`` episodes (one per env, in parallel) and return their returns.
+
+    Args:
+        run_dir: a run directory (``config.json`` and ``checkpoint.pt``).
+        episodes: number of episodes.
+        seed: env and torch seed; default: the run's seed + 1 (episodes unseen in training).
+        deterministic: act with the most likely action (else sample).
+        max_steps: give up when an episode is longer than this.
+    """
+    if episodes < 1:
+        raise ValueError(f"evaluate: episodes must be >= 1, received {episodes}.")
+    cfg = load_config(run_dir)
+    state = ckpt.load(run_dir)
+    seed = cfg.run.seed + 1 if seed is None else seed
+    torch.manual_seed(seed)
+    env = make_env(cfg.env, num_envs=episodes, seed=seed)
+    obs_dim = env.observation_spec["observation"].shape[-1]
+    model = ActorCritic(cfg.model, obs_dim, env.action_spec.n)
+    model.load_state_dict(state["model"])
+    model.eval()
+    returns: list[float | None] = [None] * episodes
+    collector = Collector(
+        env, model.policy(deterministic), frames_per_batch=episodes * STEPS_PER_BATCH
+    )
+    try:
+        while any(r is None for r in returns):
+            if collector.frames >= episodes * max_steps:
+                raise RuntimeError(
+                    f"evaluate: an episode ran past max_steps={max_steps} without ending."
+                )
+            batch = collector.rollout()
+            done = batch["next", "done"].squeeze(-1)
+            ret = batch["next", "episode_reward"].squeeze(-1)
+            for i in range(episodes):
+                if returns[i] is None and bool(done[i].any()):
+                    returns[i] = float(ret[i][done[i]][0])
+    finally:
+        collector.shutdown()
+    return [float(r) for r in returns if r is not None]

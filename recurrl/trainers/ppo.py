@@ -1,0 +1,194 @@
+"""The PPO recipe: collect ``[N, T]`` batches, GAE, epochs of minibatched clipped-PPO updates.
+
+One batch of the loop (:func:`train`):
+
+1. the :class:`~recurrl.collectors.Collector` runs the policy (sequential mode, one step at a
+   time) in ``N`` envs for ``T`` steps; actions are sampled and their log-probabilities
+   stored; hidden states ride in the TensorDict;
+2. :class:`~recurrl.objectives.GAE` runs the critic over the whole ``[N, T]`` batch in
+   recurrent mode and writes ``"advantage"`` / ``"value_target"``;
+3. ``epochs`` passes over the batch cut into ``num_minibatches`` random sets of whole env
+   rows (or of ``slice_len``-step slices of them; each row restarts from the hidden state
+   stored at its first step): :class:`~recurrl.objectives.ClipPPOLoss`, Adam, gradient
+   clipping.
+
+Same seed, same numbers; a run stopped after a checkpoint and resumed gives the numbers of
+the uninterrupted run (see :mod:`recurrl.trainers.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from tensordict import TensorDictBase
+from torch import nn
+
+from recurrl.collectors import Collector
+from recurrl.objectives import GAE, ClipPPOLoss
+from recurrl.trainers import checkpoint as ckpt
+from recurrl.trainers.config import TrainConfig
+from recurrl.trainers.logger import MetricsLogger, plot_learning_curve
+from recurrl.trainers.models import ActorCritic, make_env
+
+__all__ = ["PPOTrainer", "train"]
+
+RECENT_EPISODES = 20  # the progress line's return: mean of the last completed episodes
+
+
+def _loss_terms(loss: ClipPPOLoss, minibatch: TensorDictBase) -> tuple[torch.Tensor, dict]:
+    """The scalar to minimize and the detached diagnostics of one minibatch."""
+    out = loss(minibatch)
+    total = out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]
+    stats = {k: out[k].detach() for k in ("loss_objective", "loss_critic", "entropy",
+                                          "kl_approx", "clip_fraction")}  # fmt: skip
+    return total, stats
+
+
+def minibatches(
+    batch: TensorDictBase, num_minibatches: int, slice_len: int
+) -> Iterator[TensorDictBase]:
+    """Random minibatches of whole env rows (``slice_len=0``) or of ``slice_len``-step slices.
+
+    A slice that starts mid-episode has ``is_init`` False at its first step; recurrent mode
+    restarts it from the hidden state stored there (the state the collector carried).
+    Uses torch's global RNG.
+    """
+    n, t = batch.batch_size
+    rows = batch.reshape(n * (t // slice_len), slice_len) if slice_len else batch
+    for idx in torch.randperm(rows.batch_size[0]).chunk(num_minibatches):
+        yield rows[idx]
+
+
+def _episode_returns(batch: TensorDictBase) -> list[float]:
+    """Returns of the episodes that ended in ``batch`` (``RewardSum`` at their last step)."""
+    done = batch["next", "done"].squeeze(-1)
+    return batch["next", "episode_reward"].squeeze(-1)[done].tolist()
+
+
+class PPOTrainer:
+    """Builds everything from a :class:`TrainConfig` and runs the loop; see the module doc.
+
+    Args:
+        cfg: the resolved config (``cfg.run.run_dir`` set).
+        resume: continue from ``run_dir/checkpoint.pt``.
+    """
+
+    def __init__(self, cfg: TrainConfig, *, resume: bool = False) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run.run_dir or ".")
+        self.device = torch.device(cfg.run.device)
+        if cfg.run.num_threads:
+            torch.set_num_threads(cfg.run.num_threads)
+        ckpt.seed_everything(cfg.run.seed)
+        self.env = make_env(cfg.env, seed=cfg.run.seed)
+        obs_dim = self.env.observation_spec["observation"].shape[-1]
+        n_actions = self.env.action_spec.n
+        self.model = ActorCritic(cfg.model, obs_dim, n_actions).to(self.device)
+        p = cfg.ppo
+        self.gae = GAE(p.gamma, p.gae_lambda, self.model.critic)
+        self.loss = ClipPPOLoss(
+            self.model.actor, self.model.critic, clip_epsilon=p.clip_epsilon,
+            entropy_coef=p.entropy_coef, critic_coef=p.critic_coef,
+            normalize_advantage=p.normalize_advantage,
+        )  # fmt: skip
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=p.lr, eps=1e-5)
+        self.collector = Collector(
+            self.env, self.model.policy(), frames_per_batch=p.frames_per_batch,
+            total_frames=p.frames, device=self.device,
+        )  # fmt: skip
+        self.recent: deque[float] = deque(maxlen=RECENT_EPISODES)
+        self.batches = 0
+        if resume:
+            state = ckpt.load(self.run_dir)
+            ckpt.restore(state, self)
+        self.logger = MetricsLogger(
+            self.run_dir, tensorboard=cfg.run.tensorboard, truncate_after=self.collector.frames
+        )
+
+    # ------------------------------------------------------------------ one batch
+    def _set_lr(self) -> None:
+        if self.cfg.ppo.anneal_lr:
+            frac = 1.0 - self.collector.frames / self.cfg.ppo.frames
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.cfg.ppo.lr * frac
+
+    def update(self, batch: TensorDictBase) -> dict[str, float]:
+        """GAE on ``batch`` then ``epochs`` of minibatch updates; returns mean diagnostics."""
+        p = self.cfg.ppo
+        batch = batch.to(self.device)
+        if p.reward_scale != 1.0:
+            batch.set(("next", "reward"), batch.get(("next", "reward")) * p.reward_scale)
+        self.gae(batch)
+        sums: dict[str, float] = {}
+        count = 0
+        for _ in range(p.epochs):
+            for mb in minibatches(batch, p.num_minibatches, p.slice_len):
+                total, stats = _loss_terms(self.loss, mb)
+                self.optimizer.zero_grad(set_to_none=True)
+                total.backward()
+                if p.max_grad_norm > 0:
+                    norm = nn.utils.clip_grad_norm_(self.model.parameters(), p.max_grad_norm)
+                    stats["grad_norm"] = norm.detach()
+                self.optimizer.step()
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                count += 1
+        return {k: v / count for k, v in sums.items()}
+
+    # ------------------------------------------------------------------ loop
+    def train(self, *, stop_after: int | None = None) -> Path:
+        """Run until ``cfg.ppo.frames`` (or ``stop_after`` frames, a simulated interruption).
+
+        Returns the run directory.
+        """
+        cfg = self.cfg
+        every = cfg.run.checkpoint_every
+        start = time.perf_counter()
+        start_frames = self.collector.frames
+        limit = cfg.ppo.frames if stop_after is None else min(stop_after, cfg.ppo.frames)
+        while self.collector.frames < limit:
+            self._set_lr()
+            lr = self.optimizer.param_groups[0]["lr"]
+            batch = self.collector.rollout()
+            returns = _episode_returns(batch)
+            self.recent.extend(returns)
+            stats = self.update(batch)
+            self.batches += 1
+            frames = self.collector.frames
+            elapsed = time.perf_counter() - start
+            row = {
+                "frames": frames,
+                "batch": self.batches,
+                "episodes": len(returns),
+                "episode_return": sum(returns) / len(returns) if returns else math.nan,
+                "recent_return": sum(self.recent) / len(self.recent) if self.recent else math.nan,
+                "lr": lr,
+                **stats,
+                "fps": (frames - start_frames) / max(elapsed, 1e-9),
+                "time_s": elapsed,
+            }
+            self.logger.log(row)
+            if not cfg.run.quiet:
+                print(
+                    f"frames {frames}/{cfg.ppo.frames} | {row['fps']:.0f} fps | return "
+                    f"{row['recent_return']:.1f} (last {len(self.recent)} episodes) | "
+                    f"entropy {stats['entropy']:.3f} | kl {stats['kl_approx']:.4f}",
+                    flush=True,
+                )
+            if frames // every > (frames - cfg.ppo.frames_per_batch) // every or frames >= limit:
+                ckpt.save(self.run_dir, self)
+        self.logger.close()
+        self.collector.shutdown()
+        if cfg.run.plot and self.collector.frames >= cfg.ppo.frames:
+            plot_learning_curve(self.run_dir, title=f"PPO {cfg.model.memory} on {cfg.env.env}")
+        return self.run_dir
+
+
+def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = None) -> Path:
+    """Train PPO as configured; returns the run directory (see :class:`PPOTrainer`)."""
+    return PPOTrainer(cfg, resume=resume).train(stop_after=stop_after)

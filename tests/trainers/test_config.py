@@ -1,0 +1,87 @@
+"""Config dataclasses: validation messages say what to change; every field is documented."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from recurrl.trainers.config import (
+    SECTIONS,
+    EnvConfig,
+    ModelConfig,
+    PPOConfig,
+    RunConfig,
+    TrainConfig,
+    field_docs,
+)
+
+
+@pytest.mark.parametrize("cls", [EnvConfig, ModelConfig, PPOConfig, RunConfig])
+def test_every_field_has_a_docstring(cls):
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        assert docs.get(f.name), f"{cls.__name__}.{f.name} has no docstring"
+
+
+def test_unknown_env_id_says_how_to_list_ids():
+    with pytest.raises(ValueError, match="pprint_registry") as info:
+        EnvConfig(env="NoSuchEnv-v0")
+    assert "CartPole-masked" in str(info.value)
+
+
+def test_builtin_masked_env_resolves_to_cartpole():
+    cfg = EnvConfig()
+    assert (cfg.gym_id(), cfg.mask()) == ("CartPole-v1", [0, 2])
+    assert EnvConfig(env="CartPole-v1").mask() is None
+
+
+def test_frames_not_multiple_of_batch_gives_the_fix():
+    with pytest.raises(ValueError, match=r"Fix: --frames 2000"):
+        PPOConfig(frames=2100, frames_per_batch=1000)
+
+
+def test_batch_not_multiple_of_num_envs():
+    with pytest.raises(ValueError, match="not a multiple of num_envs=3"):
+        TrainConfig(env=EnvConfig(num_envs=3), ppo=PPOConfig(frames=1000, frames_per_batch=1000))
+
+
+def test_minibatches_must_split_rows_or_slices():
+    with pytest.raises(ValueError, match="env rows"):
+        TrainConfig(env=EnvConfig(num_envs=6), ppo=PPOConfig(frames=1200, frames_per_batch=600))
+    with pytest.raises(ValueError, match="slice_len=7"):
+        TrainConfig(ppo=PPOConfig(slice_len=7))
+    cfg = TrainConfig(  # 8 rows of 125 steps cut into 25-step slices: 40 slices
+        ppo=PPOConfig(slice_len=25, num_minibatches=5)
+    )
+    assert cfg.ppo.slice_len == 25
+
+
+def test_discrete_algo_rejects_continuous_actions():
+    with pytest.raises(ValueError, match="Discrete action space"):
+        TrainConfig(env=EnvConfig(env="Pendulum-v1"))
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: ModelConfig(memory="transformer"), "memory must be"),
+        (lambda: ModelConfig(hidden_size=0), "hidden_size"),
+        (lambda: EnvConfig(num_envs=0), "num_envs"),
+        (lambda: PPOConfig(gamma=1.5), "gamma"),
+        (lambda: RunConfig(device="gpu0"), "invalid device"),
+        (lambda: TrainConfig(algo="sac"), "unknown algo"),
+    ],
+)
+def test_invalid_values(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_dict_round_trip():
+    cfg = TrainConfig(model=ModelConfig(memory="gru"), run=RunConfig(seed=3))
+    data = cfg.to_dict()
+    assert set(data) == {"algo", *SECTIONS}
+    assert TrainConfig.from_dict(data) == cfg
+    with pytest.raises(ValueError, match="unknown entry"):
+        TrainConfig.from_dict({**data, "extra": 1})
