@@ -3,7 +3,8 @@
 ``run_dir/checkpoint.pt`` holds everything the next batch depends on: the model and
 optimizer, the collector's ``state_dict`` (frame counter, trajectory ids, the carried root
 TensorDict with the hidden states), the gymnasium simulators (pickled: the collector cannot
-save them), the RNG states of torch / numpy / python, and the recipe's counters. Checkpoints
+save them), the RNG states of torch / numpy / python, and the recipe's counters (plus what a
+trainer's optional ``extra_state()`` returns, given back to its ``load_extra_state``). Checkpoints
 are written at batch boundaries, so a resumed run replays the uninterrupted one exactly.
 """
 
@@ -88,6 +89,9 @@ def save(run_dir: Path, trainer: Any) -> Path:
         "simulator": _simulator_state(trainer.collector.env),
         "rng": _rng_state(),
     }
+    extra = getattr(trainer, "extra_state", None)  # a recipe's own state (e.g. a replay buffer)
+    if extra is not None:
+        state["extra"] = extra()
     path = Path(run_dir) / CHECKPOINT
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
@@ -119,4 +123,6 @@ def restore(state: dict[str, Any], trainer: Any) -> None:
     trainer.batches = int(state["batches"])
     trainer.recent.clear()
     trainer.recent.extend(state["recent_returns"])
+    if "extra" in state:
+        trainer.load_extra_state(state["extra"])
     _set_rng_state(state["rng"])

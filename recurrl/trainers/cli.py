@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from recurrl.trainers.config import SECTIONS, TrainConfig, field_docs
+from recurrl.trainers.config import ALGOS, SECTIONS, TrainConfig, field_docs
 from recurrl.trainers.evaluate import CONFIG, evaluate, load_config
 
 __all__ = ["build_parser", "config_from_args", "main"]
@@ -35,6 +35,8 @@ __all__ = ["build_parser", "config_from_args", "main"]
 #: extra spellings of some options
 ALIASES: dict[str, list[str]] = {"num_layers": ["--layers"]}
 _SEP = "."  # argparse dest of a field: "<section>.<field>"
+# dest section of an option every algorithm has (--frames, --lr): filled in the --algo section
+_ALGO = "@algo"
 
 
 def _flag(name: str) -> str:
@@ -63,7 +65,10 @@ def _argument(hint: Any, default: Any) -> dict[str, Any]:
     return {"type": hint, "metavar": hint.__name__.upper()}
 
 
-def _add_fields(group: argparse._ArgumentGroup, cls: type, section: str | None) -> None:
+def _add_fields(
+    group: argparse._ArgumentGroup, cls: type, section: str | None,
+    added: dict[str, argparse.Action],
+) -> None:  # fmt: skip
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     defaults = cls() if section is None else SECTIONS[section]()
@@ -71,12 +76,21 @@ def _add_fields(group: argparse._ArgumentGroup, cls: type, section: str | None) 
         if section is None and f.name in SECTIONS:
             continue  # the nested sections get their own groups
         default = getattr(defaults, f.name)
-        kwargs = _argument(hints[f.name], default)
         shown = "on" if default is True else "off" if default is False else default
-        dest = f.name if section is None else f"{section}{_SEP}{f.name}"
-        group.add_argument(
-            _flag(f.name), *ALIASES.get(f.name, []), dest=dest, default=argparse.SUPPRESS,
-            help=f"{docs.get(f.name, '')} (default: {shown})", **kwargs,
+        flag = _flag(f.name)
+        if flag in added:  # shared by the algorithms: one option, its default per algorithm
+            added[flag].help = f"{added[flag].help[:-1]}; {section}: {shown})"
+            continue
+        kwargs = _argument(hints[f.name], default)
+        shared = section in ALGOS and any(
+            f.name in {g.name for g in dataclasses.fields(SECTIONS[a])}
+            for a in ALGOS if a != section
+        )  # fmt: skip
+        where = f"{section} " if section in ALGOS else ""
+        dest = f.name if section is None else f"{_ALGO if shared else section}{_SEP}{f.name}"
+        added[flag] = group.add_argument(
+            flag, *ALIASES.get(f.name, []), dest=dest, default=argparse.SUPPRESS,
+            help=f"{docs.get(f.name, '')} ({where}default: {shown})", **kwargs,
         )  # fmt: skip
 
 
@@ -88,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval}")
     train = sub.add_parser(
         "train",
-        help="train a policy (default: PPO + LSTM on CartPole-masked)",
+        help="train a policy (default: PPO + LSTM on CartPole-masked; --algo dqn for DQN)",
         description="Train a policy. The resolved config is saved as RUN_DIR/config.json and "
         "the run directory is printed on the last line.",
     )
@@ -97,9 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue the run in RUN_DIR from its checkpoint (its config.json, updated by "
         "the options given here, e.g. a larger --frames)",
     )  # fmt: skip
-    _add_fields(train.add_argument_group("algorithm"), TrainConfig, None)
+    added: dict[str, argparse.Action] = {}
+    _add_fields(train.add_argument_group("algorithm"), TrainConfig, None, added)
     for name, cls in SECTIONS.items():
-        _add_fields(train.add_argument_group(name, (cls.__doc__ or "").strip()), cls, name)
+        doc = (cls.__doc__ or "").strip().split("\n\n")[0]
+        _add_fields(train.add_argument_group(name, doc), cls, name, added)
     ev = sub.add_parser(
         "eval",
         help="evaluate a trained run",
@@ -123,10 +139,23 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """
     resume = getattr(args, "resume", None)
     data = load_config(resume).to_dict() if resume else TrainConfig().to_dict()
-    for dest, value in vars(args).items():
-        if dest in ("command", "resume"):
+    options = vars(args)
+    algo = options.get("algo", data["algo"])
+    if resume and algo != data["algo"]:
+        raise ValueError(
+            f"--algo {algo} differs from the {data['algo']} run in {resume}. Fix: drop --algo."
+        )
+    data["algo"] = algo
+    for dest, value in options.items():
+        if dest in ("command", "resume", "algo"):
             continue
         section, _, name = dest.rpartition(_SEP)
+        if section in ALGOS and section != algo:
+            raise ValueError(
+                f"{_flag(name)} is a {section} option, but the algorithm is {algo}. Fix: "
+                f"--algo {section}, or drop {_flag(name)}."
+            )
+        section = algo if section == _ALGO else section
         (data[section] if section else data)[name] = value
     if resume:
         given = data["run"]["run_dir"]
@@ -141,12 +170,14 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def _default_run_dir(cfg: TrainConfig) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return str(Path("runs") / f"{cfg.env.env}-{cfg.model.memory}-s{cfg.run.seed}-{stamp}")
+    algo = "" if cfg.algo == "ppo" else f"{cfg.algo}-"  # PPO runs keep their historical names
+    return str(Path("runs") / f"{cfg.env.env}-{algo}{cfg.model.memory}-s{cfg.run.seed}-{stamp}")
 
 
 def _train(args: argparse.Namespace) -> int:
     from recurrl.trainers.checkpoint import CHECKPOINT
-    from recurrl.trainers.ppo import train
+    from recurrl.trainers.dqn import train as train_dqn
+    from recurrl.trainers.ppo import train as train_ppo
 
     cfg = config_from_args(args)
     if cfg.run.run_dir is None:
@@ -159,6 +190,7 @@ def _train(args: argparse.Namespace) -> int:
         )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    train = train_dqn if cfg.algo == "dqn" else train_ppo
     out = train(cfg, resume=bool(args.resume))
     print(out)
     return 0

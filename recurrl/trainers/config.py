@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 __all__ = [
     "MASKED_ENVS",
+    "DQNConfig",
     "EnvConfig",
     "ModelConfig",
     "PPOConfig",
@@ -63,6 +64,15 @@ def _positive(cls: str, **values: Any) -> None:
     for name, value in values.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{cls}: {name} must be an int >= 1, received {value!r}.")
+
+
+def _check_frames(cls: str, frames: int, frames_per_batch: int) -> None:
+    if frames % frames_per_batch:
+        fixed = max(1, round(frames / frames_per_batch)) * frames_per_batch
+        raise ValueError(
+            f"{cls}: frames={frames} is not a multiple of frames_per_batch="
+            f"{frames_per_batch}. Fix: --frames {fixed}."
+        )
 
 
 @dataclass
@@ -176,12 +186,7 @@ class PPOConfig:
         )
         if self.slice_len < 0:
             raise ValueError(f"PPOConfig: slice_len must be >= 0, received {self.slice_len}.")
-        if self.frames % self.frames_per_batch:
-            fixed = max(1, round(self.frames / self.frames_per_batch)) * self.frames_per_batch
-            raise ValueError(
-                f"PPOConfig: frames={self.frames} is not a multiple of frames_per_batch="
-                f"{self.frames_per_batch}. Fix: --frames {fixed}."
-            )
+        _check_frames("PPOConfig", self.frames, self.frames_per_batch)
         for name in ("gamma", "gae_lambda"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"PPOConfig: {name} must be in [0, 1].")
@@ -194,6 +199,100 @@ class PPOConfig:
 
 
 @dataclass
+class DQNConfig:
+    """Recurrent DQN (R2D2-style): replayed slices with burn-in, double DQN, target network.
+
+    Each batch: epsilon-greedy collection of frames_per_batch frames into the replay buffer,
+    then updates_per_batch updates on num_slices slices of burn_in + train_len steps. Tuned
+    only briefly (seed 0): on CartPole-masked, 100k frames give a greedy return of about 100
+    (LSTM) / 130 (GRU), short of 500; without obs_scale nothing was learned in 200k frames.
+    """
+
+    frames: int = 100_000
+    """Total env frames to train for (a multiple of frames_per_batch)."""
+    frames_per_batch: int = 400
+    """Frames collected per batch (num_envs rows of frames_per_batch / num_envs steps)."""
+    buffer_size: int = 50_000
+    """Replay buffer capacity in frames."""
+    learning_starts: int = 2_000
+    """Frames collected before the first update."""
+    updates_per_batch: int = 32
+    """Gradient steps after each collected batch."""
+    num_slices: int = 16
+    """Slices per update (sequences of burn_in + train_len steps)."""
+    burn_in: int = 10
+    """Steps at the start of every slice that only warm the stored hidden state up (no loss)."""
+    train_len: int = 20
+    """Steps of every slice that enter the loss (after the burn-in)."""
+    lr: float = 1e-3
+    """Adam learning rate."""
+    obs_scale: float = 10.0
+    """Multiply observations by this before the Q-network: CartPole-masked's position and
+    angle are about 0.1, too small for the LSTM to regress Q-values from their changes."""
+    gamma: float = 0.99
+    """Discount factor."""
+    double_dqn: bool = True
+    """Double DQN: the online network picks the next action, the target network values it."""
+    loss_function: Literal["smooth_l1", "l2", "l1"] = "smooth_l1"
+    """TD error penalty: smooth_l1 (Huber), l2 or l1."""
+    target_update: Literal["soft", "hard"] = "soft"
+    """Target network sync: soft (Polyak, tau per update) or hard (copy every
+    hard_update_interval updates)."""
+    tau: float = 0.01
+    """Polyak weight of the online network with target_update=soft."""
+    hard_update_interval: int = 250
+    """Updates between target copies with target_update=hard."""
+    eps_start: float = 1.0
+    """Epsilon of epsilon-greedy exploration at the start."""
+    eps_end: float = 0.05
+    """Epsilon after eps_frames frames (kept until the end)."""
+    eps_frames: int = 20_000
+    """Frames over which epsilon decays linearly from eps_start to eps_end."""
+    max_grad_norm: float = 10.0
+    """Clip the global gradient norm to this value (0 disables)."""
+
+    def __post_init__(self) -> None:
+        _positive(
+            "DQNConfig", frames=self.frames, frames_per_batch=self.frames_per_batch,
+            buffer_size=self.buffer_size, updates_per_batch=self.updates_per_batch,
+            num_slices=self.num_slices, train_len=self.train_len, eps_frames=self.eps_frames,
+            hard_update_interval=self.hard_update_interval,
+        )  # fmt: skip
+        _check_frames("DQNConfig", self.frames, self.frames_per_batch)
+        if self.burn_in < 0 or self.learning_starts < 0:
+            raise ValueError(
+                f"DQNConfig: burn_in and learning_starts must be >= 0, received "
+                f"burn_in={self.burn_in}, learning_starts={self.learning_starts}."
+            )
+        for name in ("gamma", "eps_start", "eps_end"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(
+                    f"DQNConfig: {name} must be in [0, 1], received {getattr(self, name)}."
+                )
+        if self.obs_scale <= 0:
+            raise ValueError(f"DQNConfig: obs_scale must be > 0, received {self.obs_scale}.")
+        if self.lr <= 0 or not 0.0 < self.tau <= 1.0 or self.max_grad_norm < 0:
+            raise ValueError(
+                f"DQNConfig: lr must be > 0, tau in (0, 1] and max_grad_norm >= 0, received "
+                f"lr={self.lr}, tau={self.tau}, max_grad_norm={self.max_grad_norm}."
+            )
+        if self.loss_function not in ("smooth_l1", "l2", "l1"):
+            raise ValueError(
+                f"DQNConfig: loss_function must be smooth_l1, l2 or l1, received "
+                f"{self.loss_function!r}."
+            )
+        if self.target_update not in ("soft", "hard"):
+            raise ValueError(
+                f"DQNConfig: target_update must be soft or hard, received {self.target_update!r}."
+            )
+
+    @property
+    def slice_len(self) -> int:
+        """Steps per replayed slice: ``burn_in + train_len``."""
+        return self.burn_in + self.train_len
+
+
+@dataclass
 class RunConfig:
     """Seeding, device, output directory, checkpoints and logging."""
 
@@ -202,7 +301,7 @@ class RunConfig:
     device: str = "cpu"
     """Device of the networks (envs run on the CPU)."""
     run_dir: str | None = None
-    """Output directory; default runs/<env>-<memory>-s<seed>-<date-time>."""
+    """Output directory; default runs/<env>-[dqn-]<memory>-s<seed>-<date-time>."""
     checkpoint_every: int = 10_000
     """Save run_dir/checkpoint.pt every this many frames (and always at the end)."""
     num_threads: int = 1
@@ -228,31 +327,40 @@ class RunConfig:
             ) from err
 
 
-ALGOS = ("ppo",)
+ALGOS = ("ppo", "dqn")
 
 
 @dataclass
 class TrainConfig:
     """Everything a run needs; saved as ``run_dir/config.json``."""
 
-    algo: Literal["ppo"] = "ppo"
-    """Training algorithm (ppo)."""
+    algo: Literal["ppo", "dqn"] = "ppo"
+    """Training algorithm: ppo, or dqn (recurrent DQN with burn-in on replayed slices)."""
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    dqn: DQNConfig = field(default_factory=DQNConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
             raise ValueError(f"TrainConfig: unknown algo {self.algo!r}; available: {ALGOS}.")
-        n, fpb = self.env.num_envs, self.ppo.frames_per_batch
+        n, fpb = self.env.num_envs, getattr(self, self.algo).frames_per_batch
         if fpb % n:
             raise ValueError(
                 f"TrainConfig: frames_per_batch={fpb} is not a multiple of num_envs={n} (every "
                 f"env steps the same number of times). Fix: --frames-per-batch "
                 f"{max(1, fpb // n) * n} or another --num-envs."
             )
-        steps, slice_len = fpb // n, self.ppo.slice_len
+        if self.algo == "ppo":
+            self._check_ppo()
+        else:
+            self._check_dqn()
+        self._check_action_space()
+
+    def _check_ppo(self) -> None:
+        n = self.env.num_envs
+        steps, slice_len = self.ppo.frames_per_batch // n, self.ppo.slice_len
         if slice_len and steps % slice_len:
             raise ValueError(
                 f"TrainConfig: slice_len={slice_len} does not divide the {steps} steps per env "
@@ -266,7 +374,24 @@ class TrainConfig:
                 f"num_minibatches={self.ppo.num_minibatches} equal minibatches. Fix: "
                 f"--num-minibatches a divisor of {rows}."
             )
-        self._check_action_space()
+
+    def _check_dqn(self) -> None:
+        # A replayed slice never spans two collected rows (SliceSampler segments stop at row
+        # ends), so a longer slice could only ever be a whole, shorter row.
+        d = self.dqn
+        steps = d.frames_per_batch // self.env.num_envs
+        if d.slice_len > steps:
+            raise ValueError(
+                f"TrainConfig: burn_in + train_len = {d.slice_len} is longer than the {steps} "
+                f"steps per env row (frames_per_batch / num_envs). Fix: --frames-per-batch "
+                f"{d.slice_len * self.env.num_envs} or a shorter --burn-in / --train-len."
+            )
+        if d.buffer_size < d.frames_per_batch:
+            raise ValueError(
+                f"TrainConfig: buffer_size={d.buffer_size} cannot hold one batch of "
+                f"frames_per_batch={d.frames_per_batch}. Fix: --buffer-size "
+                f"{d.frames_per_batch} or more."
+            )
 
     def _check_action_space(self) -> None:
         import gymnasium
@@ -278,8 +403,8 @@ class TrainConfig:
             env.close()
         if not isinstance(space, gymnasium.spaces.Discrete):
             raise ValueError(
-                f"TrainConfig: algo {self.algo!r} trains a categorical policy and needs a "
-                f"Discrete action space; {self.env.env!r} has {space}. Fix: pick an env with "
+                f"TrainConfig: algo {self.algo!r} needs a Discrete action space (one output "
+                f"per action); {self.env.env!r} has {space}. Fix: pick an env with "
                 f"discrete actions (e.g. CartPole-v1, Acrobot-v1, LunarLander-v3)."
             )
 
@@ -306,5 +431,6 @@ SECTIONS: dict[str, type] = {
     "env": EnvConfig,
     "model": ModelConfig,
     "ppo": PPOConfig,
+    "dqn": DQNConfig,
     "run": RunConfig,
 }

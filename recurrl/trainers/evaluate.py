@@ -10,6 +10,7 @@ import torch
 from recurrl.collectors import Collector
 from recurrl.trainers import checkpoint as ckpt
 from recurrl.trainers.config import TrainConfig
+from recurrl.trainers.dqn import QNetwork
 from recurrl.trainers.models import ActorCritic, make_env
 
 __all__ = ["CONFIG", "evaluate", "load_config"]
@@ -43,7 +44,8 @@ def evaluate(
         run_dir: a run directory (``config.json`` and ``checkpoint.pt``).
         episodes: number of episodes.
         seed: env and torch seed; default: the run's seed + 1 (episodes unseen in training).
-        deterministic: act with the most likely action (else sample).
+        deterministic: act with the most likely action (else sample; DQN: epsilon-greedy
+            at the run's final epsilon).
         max_steps: give up when an episode is longer than this.
     """
     if episodes < 1:
@@ -54,13 +56,17 @@ def evaluate(
     torch.manual_seed(seed)
     env = make_env(cfg.env, num_envs=episodes, seed=seed)
     obs_dim = env.observation_spec["observation"].shape[-1]
-    model = ActorCritic(cfg.model, obs_dim, env.action_spec.n)
-    model.load_state_dict(state["model"])
+    if cfg.algo == "dqn":  # greedy, or epsilon-greedy at the final training epsilon
+        model = QNetwork(cfg.model, obs_dim, env.action_spec.n, obs_scale=cfg.dqn.obs_scale)
+        model.load_state_dict(state["model"])
+        policy = model.policy(epsilon=0.0 if deterministic else cfg.dqn.eps_end)
+    else:
+        model = ActorCritic(cfg.model, obs_dim, env.action_spec.n)
+        model.load_state_dict(state["model"])
+        policy = model.policy(deterministic)
     model.eval()
     returns: list[float | None] = [None] * episodes
-    collector = Collector(
-        env, model.policy(deterministic), frames_per_batch=episodes * STEPS_PER_BATCH
-    )
+    collector = Collector(env, policy, frames_per_batch=episodes * STEPS_PER_BATCH)
     try:
         while any(r is None for r in returns):
             if collector.frames >= episodes * max_steps:

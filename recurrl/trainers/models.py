@@ -61,8 +61,9 @@ class CategoricalSampler(nn.Module):
         return action, dist.log_prob(action)
 
 
-def _trunk(cfg: ModelConfig, obs_dim: int, name: str) -> nn.Module:
-    """A trunk reading ``"observation"`` and writing ``f"{name}_features"``.
+def _trunk(cfg: ModelConfig, obs_dim: int, name: str, obs_key: str = OBS_KEY) -> nn.Module:
+    """A trunk reading ``obs_key`` (default ``"observation"``) and writing
+    ``f"{name}_features"``.
 
     Recurrent trunks keep their state under ``f"{name}_h"`` (and ``f"{name}_c"``), so the
     actor's and the critic's own trunks never share state keys.
@@ -72,19 +73,19 @@ def _trunk(cfg: ModelConfig, obs_dim: int, name: str) -> nn.Module:
         h, c = f"{name}_h", f"{name}_c"
         return LSTMModule(
             obs_dim, cfg.hidden_size, num_layers=cfg.num_layers,
-            in_keys=[OBS_KEY, h, c], out_keys=[out, ("next", h), ("next", c)],
+            in_keys=[obs_key, h, c], out_keys=[out, ("next", h), ("next", c)],
         )  # fmt: skip
     if cfg.memory == "gru":
         h = f"{name}_h"
         return GRUModule(
             obs_dim, cfg.hidden_size, num_layers=cfg.num_layers,
-            in_keys=[OBS_KEY, h], out_keys=[out, ("next", h)],
+            in_keys=[obs_key, h], out_keys=[out, ("next", h)],
         )  # fmt: skip
     mlp = MLP(
         obs_dim, cfg.hidden_size, num_cells=cfg.hidden_size, depth=cfg.num_layers,
         activate_last_layer=True,
     )  # fmt: skip
-    return Mod(mlp, in_keys=[OBS_KEY], out_keys=[out])
+    return Mod(mlp, in_keys=[obs_key], out_keys=[out])
 
 
 class ActorCritic(nn.Module):

@@ -1,0 +1,298 @@
+"""The recurrent DQN recipe (R2D2-style): epsilon-greedy collection, replayed slices with
+burn-in, double DQN with a target network.
+
+One batch of the loop (:func:`train`):
+
+1. the :class:`~recurrl.collectors.Collector` runs the Q-network (sequential mode) in ``N``
+   envs for ``T`` steps and acts epsilon-greedily (epsilon decays linearly with the frames);
+   hidden states ride in the TensorDict and are stored with every step;
+2. the ``[N, T]`` batch goes into a replay buffer (row by row: a slice never crosses rows);
+3. ``updates_per_batch`` times: a :class:`~recurrl.data.SliceSampler` draws ``num_slices``
+   slices of ``burn_in + train_len`` steps (``is_init`` at every slice start: recurrent
+   mode restarts from the stored state there); :class:`~recurrl.objectives.DQNLoss` runs
+   the Q-network over them, skipping the first ``burn_in`` steps of each slice (R2D2,
+   Kapturowski et al. 2019: the stored state is stale, the burn-in refreshes it); Adam,
+   gradient clipping, then a soft or hard target-network update.
+
+Checkpoints hold the replay buffer, the target network and the updater's counter besides
+what :mod:`recurrl.trainers.checkpoint` saves for every recipe, so a resumed run replays the
+uninterrupted one. :func:`recurrl.trainers.evaluate` acts greedily with the Q-network.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModule as Mod
+from tensordict.nn import TensorDictSequential as Seq
+from torch import nn
+
+from recurrl.collectors import Collector
+from recurrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
+from recurrl.objectives import DQNLoss, HardUpdate, SoftUpdate
+from recurrl.trainers import checkpoint as ckpt
+from recurrl.trainers.config import ModelConfig, TrainConfig
+from recurrl.trainers.logger import MetricsLogger, plot_learning_curve
+from recurrl.trainers.models import _trunk, make_env
+from recurrl.trainers.ppo import RECENT_EPISODES, _episode_returns
+
+__all__ = ["DQNTrainer", "EpsilonGreedy", "QNetwork", "train"]
+
+# policy outputs not worth replaying: the loss recomputes them (and ("next", state) too)
+_NOT_STORED = ("action_value", "q_features", "q_observation")
+
+
+class EpsilonGreedy(nn.Module):
+    """``action_value [*B, A] -> action [*B]``: argmax, or a uniform action with probability
+    ``epsilon`` (torch's global RNG). Set :attr:`epsilon` between calls to anneal it.
+
+    Examples:
+        >>> EpsilonGreedy(0.0)(torch.tensor([[0.1, 0.7], [0.3, -1.0]]))
+        tensor([1, 0])
+    """
+
+    def __init__(self, epsilon: float = 0.0) -> None:
+        super().__init__()
+        self.epsilon = epsilon
+
+    def forward(self, action_value: torch.Tensor) -> torch.Tensor:
+        greedy = action_value.argmax(-1)
+        if self.epsilon <= 0.0:
+            return greedy
+        explore = torch.rand(greedy.shape, device=greedy.device) < self.epsilon
+        uniform = torch.randint(action_value.shape[-1], greedy.shape, device=greedy.device)
+        return torch.where(explore, uniform, greedy)
+
+
+class _Scale(nn.Module):
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
+
+
+class QNetwork(nn.Module):
+    """Observation scaling, a trunk (LSTM/GRU/MLP from :class:`ModelConfig`) and a linear head
+    writing ``"action_value"`` ``[*B, n_actions]``.
+
+    Args:
+        obs_scale: the trunk reads ``"q_observation"`` = ``obs_scale * "observation"``.
+
+    Attributes:
+        q: the Q-network (a TensorDict module; recurrent state keys ``"q_h"`` (``"q_c"``)).
+    """
+
+    def __init__(
+        self, cfg: ModelConfig, obs_dim: int, n_actions: int, *, obs_scale: float = 1.0
+    ) -> None:
+        super().__init__()
+        scale = Mod(_Scale(obs_scale), ["observation"], ["q_observation"])
+        trunk = _trunk(cfg, obs_dim, "q", obs_key="q_observation")
+        head = nn.Linear(cfg.hidden_size, n_actions)
+        self.q = Seq(scale, trunk, Mod(head, [trunk.out_keys[0]], ["action_value"]))
+
+    def policy(self, epsilon: float = 0.0) -> Seq:
+        """The acting module: the Q-network then :class:`EpsilonGreedy` writing ``"action"``."""
+        return Seq(self.q, Mod(EpsilonGreedy(epsilon), ["action_value"], ["action"]))
+
+
+class _AnyStartSliceSampler(SliceSampler):
+    """A ragged :class:`SliceSampler` whose slices may start at any stored step (those near
+    a trajectory's end are cut short there).
+
+    With the stock starts (only where a whole slice fits) a trajectory's last step lies in
+    the loss window of one start, an inner step in that of ``train_len`` starts: terminal
+    transitions, the only signal of CartPole's constant reward, were replayed ``train_len``
+    times too rarely (feed-forward DQN on CartPole-v1 learned about twice as slowly). Here
+    every step is in the loss window of equally many starts.
+    """
+
+    def __init__(self, *, slice_len: int) -> None:
+        super().__init__(slice_len=slice_len, strict_length=False)
+
+    def _valid_starts(self, segments: Any, slice_len: int) -> Any:
+        return super()._valid_starts(segments, 1)  # a start is valid if one step fits
+
+
+def burn_in_mask(sample: TensorDictBase, burn_in: int) -> torch.Tensor:
+    """``[n]`` True where a step of flat slices enters the loss.
+
+    The first ``burn_in`` steps of a slice only warm up the stale stored state (R2D2). A slice
+    that starts an episode (``step_count`` 0) starts from the exact zero state and needs no
+    burn-in: masking it too would never train episodes shorter than ``burn_in`` steps -- the
+    ones a bad greedy policy produces -- so that policy would never be corrected.
+    """
+    start = sample["is_init"].reshape(-1)  # the sampler marks every slice start
+    idx = torch.arange(start.numel(), device=start.device)
+    first = torch.cummax(torch.where(start, idx, 0), 0).values  # each step's slice start
+    fresh = sample["step_count"].reshape(-1)[first] == 0
+    return (idx - first >= burn_in) | fresh
+
+
+def epsilon_at(cfg: Any, frames: int) -> float:
+    """Linear decay from ``cfg.eps_start`` to ``cfg.eps_end`` over ``cfg.eps_frames`` frames."""
+    frac = min(1.0, frames / cfg.eps_frames)
+    return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
+
+
+class DQNTrainer:
+    """Builds everything from a :class:`TrainConfig` and runs the loop; see the module doc.
+
+    Args:
+        cfg: the resolved config (``cfg.algo == "dqn"``, ``cfg.run.run_dir`` set).
+        resume: continue from ``run_dir/checkpoint.pt``.
+    """
+
+    def __init__(self, cfg: TrainConfig, *, resume: bool = False) -> None:
+        self.cfg = cfg
+        d = cfg.dqn
+        self.run_dir = Path(cfg.run.run_dir or ".")
+        self.device = torch.device(cfg.run.device)
+        if cfg.run.num_threads:
+            torch.set_num_threads(cfg.run.num_threads)
+        ckpt.seed_everything(cfg.run.seed)
+        self.env = make_env(cfg.env, seed=cfg.run.seed)
+        obs_dim = self.env.observation_spec["observation"].shape[-1]
+        n_actions = self.env.action_spec.n
+        self.model = QNetwork(cfg.model, obs_dim, n_actions, obs_scale=d.obs_scale)
+        self.model.to(self.device)
+        self.loss = DQNLoss(
+            self.model.q, double_dqn=d.double_dqn, gamma=d.gamma, burn_in=0,
+            delay_value=True, loss_function=d.loss_function,
+        )  # fmt: skip
+        if d.target_update == "soft":
+            self.updater: HardUpdate | SoftUpdate = SoftUpdate(self.loss, tau=d.tau)
+        else:
+            self.updater = HardUpdate(
+                self.loss, value_network_update_interval=d.hard_update_interval
+            )
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=d.lr)
+        self.policy = self.model.policy(d.eps_start)
+        self.collector = Collector(
+            self.env, self.policy, frames_per_batch=d.frames_per_batch,
+            total_frames=d.frames, device=self.device,
+        )  # fmt: skip
+        self.buffer = TensorDictReplayBuffer(
+            storage=LazyTensorStorage(d.buffer_size),
+            sampler=_AnyStartSliceSampler(slice_len=d.slice_len),
+            batch_size=d.num_slices * d.slice_len,
+        )
+        self.recent: deque[float] = deque(maxlen=RECENT_EPISODES)
+        self.batches = 0
+        if resume:
+            ckpt.restore(ckpt.load(self.run_dir), self)
+        self.logger = MetricsLogger(
+            self.run_dir, tensorboard=cfg.run.tensorboard, truncate_after=self.collector.frames
+        )
+
+    # ------------------------------------------------------------------ checkpoint hooks
+    def extra_state(self) -> dict[str, Any]:
+        """What :mod:`~recurrl.trainers.checkpoint` saves besides the common state."""
+        target = self.loss.target_value_network
+        assert target is not None
+        return {
+            "buffer": self.buffer.state_dict(),
+            "target": target.state_dict(),
+            "updater_counter": getattr(self.updater, "counter", 0),
+        }
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.buffer.load_state_dict(state["buffer"])
+        assert self.loss.target_value_network is not None
+        self.loss.target_value_network.load_state_dict(state["target"])
+        if isinstance(self.updater, HardUpdate):
+            self.updater.counter = int(state["updater_counter"])
+
+    # ------------------------------------------------------------------ one batch
+    def _set_epsilon(self) -> float:
+        eps = epsilon_at(self.cfg.dqn, self.collector.frames)
+        for m in self.collector.policy.modules():  # type: ignore[union-attr]
+            if isinstance(m, EpsilonGreedy):
+                m.epsilon = eps
+        return eps
+
+    def update(self) -> dict[str, float]:
+        """``updates_per_batch`` updates on replayed slices; returns mean diagnostics."""
+        d = self.cfg.dqn
+        sums = {"loss": 0.0, "td_error": 0.0, "grad_norm": 0.0}
+        for _ in range(d.updates_per_batch):
+            sample = self.buffer.sample().to(self.device)
+            # DQNLoss runs with burn_in=0: this mask skips only stale-state burn-in steps
+            sample.set(self.loss.tensor_keys.mask, burn_in_mask(sample, d.burn_in))
+            out = self.loss(sample)
+            self.optimizer.zero_grad(set_to_none=True)
+            out["loss"].backward()
+            if d.max_grad_norm > 0:
+                norm = nn.utils.clip_grad_norm_(self.model.parameters(), d.max_grad_norm)
+                sums["grad_norm"] += float(norm)
+            self.optimizer.step()
+            self.updater.step()
+            sums["loss"] += float(out["loss"].detach())
+            sums["td_error"] += float(out["td_error"])
+        self.collector.update_policy_weights_()
+        return {k: v / d.updates_per_batch for k, v in sums.items()}
+
+    def _step(self, batch: TensorDictBase) -> dict[str, Any]:
+        """Store ``batch``, update if enough frames were collected; the metrics row."""
+        returns = _episode_returns(batch)
+        self.recent.extend(returns)
+        self.buffer.extend(batch.exclude(*_NOT_STORED))
+        learning = self.collector.frames >= self.cfg.dqn.learning_starts
+        stats = self.update() if learning else dict.fromkeys(
+            ("loss", "td_error", "grad_norm"), math.nan)  # fmt: skip
+        self.batches += 1
+        return {
+            "frames": self.collector.frames,
+            "batch": self.batches,
+            "episodes": len(returns),
+            "episode_return": sum(returns) / len(returns) if returns else math.nan,
+            "recent_return": sum(self.recent) / len(self.recent) if self.recent else math.nan,
+            **stats,
+        }
+
+    # ------------------------------------------------------------------ loop
+    def train(self, *, stop_after: int | None = None) -> Path:
+        """Run until ``cfg.dqn.frames`` (or ``stop_after`` frames, a simulated interruption).
+
+        Returns the run directory.
+        """
+        cfg, d = self.cfg, self.cfg.dqn
+        every = cfg.run.checkpoint_every
+        start = time.perf_counter()
+        start_frames = self.collector.frames
+        limit = d.frames if stop_after is None else min(stop_after, d.frames)
+        while self.collector.frames < limit:
+            eps = self._set_epsilon()
+            row = self._step(self.collector.rollout())
+            frames = self.collector.frames
+            elapsed = time.perf_counter() - start
+            row.update(epsilon=eps, fps=(frames - start_frames) / max(elapsed, 1e-9),
+                       time_s=elapsed)  # fmt: skip
+            self.logger.log(row)
+            if not cfg.run.quiet:
+                print(
+                    f"frames {frames}/{d.frames} | {row['fps']:.0f} fps | return "
+                    f"{row['recent_return']:.1f} (last {len(self.recent)} episodes) | "
+                    f"epsilon {eps:.3f} | loss {row['loss']:.4f}",
+                    flush=True,
+                )
+            if frames // every > (frames - d.frames_per_batch) // every or frames >= limit:
+                ckpt.save(self.run_dir, self)
+        self.logger.close()
+        self.collector.shutdown()
+        if cfg.run.plot and self.collector.frames >= d.frames:
+            plot_learning_curve(self.run_dir, title=f"DQN {cfg.model.memory} on {cfg.env.env}")
+        return self.run_dir
+
+
+def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = None) -> Path:
+    """Train recurrent DQN as configured; returns the run directory (see :class:`DQNTrainer`)."""
+    return DQNTrainer(cfg, resume=resume).train(stop_after=stop_after)

@@ -1,0 +1,186 @@
+"""The recurrent DQN recipe: config, `recurrl train --algo dqn`, reproducibility, resume, eval."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from recurrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from recurrl.trainers import DQNConfig, DQNTrainer, EnvConfig, TrainConfig, load_config
+from recurrl.trainers.cli import build_parser, config_from_args, main
+from recurrl.trainers.config import field_docs
+from recurrl.trainers.dqn import (
+    EpsilonGreedy,
+    QNetwork,
+    _AnyStartSliceSampler,
+    burn_in_mask,
+    epsilon_at,
+)
+from recurrl.trainers.logger import read_metrics
+
+# 2 envs x 32 steps per batch, 4 batches, updates from the second batch: about a second
+TINY = [
+    "--algo", "dqn", "--num-envs", "2", "--frames", "256", "--frames-per-batch", "64",
+    "--learning-starts", "128", "--updates-per-batch", "2", "--num-slices", "4",
+    "--burn-in", "4", "--train-len", "8", "--hidden-size", "8", "--quiet", "--no-plot",
+    "--no-tensorboard",
+]  # fmt: skip
+TIMING = {"fps", "time_s"}
+
+
+def _parse(*argv: str) -> TrainConfig:
+    return config_from_args(build_parser().parse_args(["train", *argv]))
+
+
+def _run(capsys, *argv: str) -> list[str]:
+    assert main(list(argv)) == 0
+    return capsys.readouterr().out.strip().splitlines()
+
+
+def _numbers(run_dir) -> list[dict[str, str]]:
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(run_dir)]
+
+
+def test_every_dqn_field_has_a_docstring():
+    docs = field_docs(DQNConfig)
+    for f in dataclasses.fields(DQNConfig):
+        assert docs.get(f.name), f"DQNConfig.{f.name} has no docstring"
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: DQNConfig(frames=1000, frames_per_batch=400), r"Fix: --frames 800"),
+        (lambda: DQNConfig(burn_in=-1), "burn_in"),
+        (lambda: DQNConfig(eps_end=1.5), "eps_end"),
+        (lambda: DQNConfig(tau=0.0), "tau"),
+        (lambda: DQNConfig(num_slices=0), "num_slices"),
+        (lambda: DQNConfig(target_update="never"), "target_update"),
+        (  # 400 frames / 8 envs = 50 steps per row < 60-step slices
+            lambda: TrainConfig(algo="dqn", dqn=DQNConfig(burn_in=20, train_len=40)),
+            r"longer than the 50 steps per env row",
+        ),
+        (lambda: TrainConfig(algo="dqn", dqn=DQNConfig(buffer_size=100)), "buffer_size"),
+        (
+            lambda: TrainConfig(algo="dqn", env=EnvConfig(num_envs=3)),
+            "not a multiple of num_envs=3",
+        ),
+    ],
+)
+def test_invalid_dqn_values(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_cli_routes_shared_options_to_the_algorithm():
+    cfg = _parse("--algo", "dqn", "--frames", "4000", "--lr", "0.01", "--burn-in", "3")
+    assert (cfg.dqn.frames, cfg.dqn.lr, cfg.dqn.burn_in) == (4000, 0.01, 3)
+    assert cfg.ppo.frames == 50_000  # untouched
+    assert cfg.to_dict()["dqn"]["frames"] == 4000
+    assert _parse("--frames", "4000").ppo.frames == 4000
+    with pytest.raises(ValueError, match="--burn-in is a dqn option"):
+        _parse("--burn-in", "3")
+    with pytest.raises(ValueError, match="--epochs is a ppo option"):
+        _parse("--algo", "dqn", "--epochs", "3")
+
+
+def test_epsilon_greedy_and_schedule():
+    q = torch.tensor([[0.0, 1.0, 0.0]]).expand(1000, 3)
+    assert (EpsilonGreedy(0.0)(q) == 1).all()
+    torch.manual_seed(0)
+    explored = (EpsilonGreedy(0.6)(q) != 1).float().mean()  # 0.6 * 2/3 pick another action
+    assert abs(float(explored) - 0.4) < 0.06
+    cfg = DQNConfig(eps_start=1.0, eps_end=0.1, eps_frames=1000)
+    assert [epsilon_at(cfg, f) for f in (0, 500, 1000, 5000)] == pytest.approx(
+        [1.0, 0.55, 0.1, 0.1]
+    )
+
+
+def test_burn_in_only_where_the_stored_state_is_stale():
+    # three slices: mid-episode (4 steps), episode start (3 steps), mid-episode (5 steps)
+    is_init = torch.tensor([1, 0, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0]).bool().unsqueeze(-1)
+    step_count = torch.tensor([5, 6, 7, 8, 0, 1, 2, 3, 4, 5, 6, 7]).unsqueeze(-1)
+    td = TensorDict({"is_init": is_init, "step_count": step_count}, [12])
+    assert burn_in_mask(td, 2).int().tolist() == [0, 0, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1]
+
+
+def test_slices_cover_every_step_of_a_trajectory_equally():
+    # 2 trajectories of 6 and 4 steps, slices of 4 that may start anywhere (cut short at the
+    # trajectory end): trajectory ends are as often inside a slice's tail as inner steps
+    data = TensorDict({
+        "x": torch.arange(10), "is_init": torch.zeros(10, 1, dtype=torch.bool),
+        ("collector", "traj_ids"): torch.tensor([0] * 6 + [1] * 4),
+    }, [10])  # fmt: skip
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(10), sampler=_AnyStartSliceSampler(slice_len=4), batch_size=4
+    )
+    rb.extend(data)
+    torch.manual_seed(0)
+    sample = rb.sample(4000)
+    firsts = sample["x"][sample["is_init"].squeeze(-1)]
+    assert set(firsts.tolist()) == set(range(10))  # slices start anywhere ...
+    ids = sample["collector", "traj_ids"]
+    assert (ids[1:] == ids[:-1])[~sample["is_init"].squeeze(-1)[1:]].all()  # ... never cross
+    ends = sample["x"][sample["next", "done"].squeeze(-1)]
+    assert {5, 9} <= set(ends.tolist())
+
+
+@pytest.mark.parametrize("memory", ["lstm", "gru", "none"])
+def test_q_network_writes_action_values_and_integer_actions(memory):
+    from recurrl.trainers.config import ModelConfig
+
+    net = QNetwork(ModelConfig(memory=memory, hidden_size=8), obs_dim=2, n_actions=3)
+    td = TensorDict({"observation": torch.randn(5, 2), "is_init": torch.ones(5, 1).bool()}, [5])
+    out = net.policy(0.0)(td)
+    assert out["action_value"].shape == (5, 3)
+    assert out["action"].dtype == torch.long and out["action"].shape == (5,)
+    assert (out["action"] == out["action_value"].argmax(-1)).all()
+
+
+def test_tiny_dqn_run_writes_the_run_and_evaluates(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    lines = _run(capsys, "train", *TINY, "--run-dir", str(run_dir), "--checkpoint-every", "128")
+    assert lines[-1] == str(run_dir)
+    assert {"config.json", "metrics.csv", "checkpoint.pt"} <= {p.name for p in run_dir.iterdir()}
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["algo"] == "dqn" and saved["dqn"]["frames"] == 256
+    assert load_config(run_dir).dqn.burn_in == 4
+    rows = read_metrics(run_dir)
+    assert [int(r["frames"]) for r in rows] == [64, 128, 192, 256]
+    assert rows[0]["loss"] == "" and float(rows[1]["loss"]) >= 0  # updates from 128 frames
+    assert {"episode_return", "epsilon", "td_error", "fps"} <= set(rows[0])
+    lines = _run(capsys, "eval", str(run_dir), "--episodes", "3")
+    assert re.fullmatch(r"mean_return: \d+\.\d\d ± \d+\.\d\d over 3 episodes", lines[-1])
+    assert _run(capsys, "eval", str(run_dir), "--episodes", "3")[-1] == lines[-1]
+
+
+def test_same_seed_same_numbers(tmp_path, capsys):
+    _run(capsys, "train", *TINY, "--run-dir", str(tmp_path / "a"))
+    _run(capsys, "train", *TINY, "--run-dir", str(tmp_path / "b"))
+    _run(capsys, "train", *TINY, "--run-dir", str(tmp_path / "c"), "--seed", "1")
+    a, b, c = (_numbers(tmp_path / n) for n in "abc")
+    assert a == b
+    assert a != c
+
+
+@pytest.mark.parametrize("extra", [[], ["--memory", "gru", "--target-update", "hard",
+                                        "--hard-update-interval", "3"]])  # fmt: skip
+def test_resume_replays_the_uninterrupted_run(tmp_path, capsys, extra):
+    argv = [*TINY, "--checkpoint-every", "128", *extra]
+    _run(capsys, "train", *argv, "--run-dir", str(tmp_path / "full"))
+    # interrupted after the checkpoint at 128 frames (replay buffer inside), then `--resume`
+    cfg = _parse(*argv, "--run-dir", str(tmp_path / "cut"))
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "config.json").write_text(json.dumps(cfg.to_dict()))
+    DQNTrainer(cfg).train(stop_after=128)
+    assert len(read_metrics(tmp_path / "cut")) == 2
+    lines = _run(capsys, "train", "--resume", str(tmp_path / "cut"))
+    assert lines[-1] == str(tmp_path / "cut")
+    assert _numbers(tmp_path / "cut") == _numbers(tmp_path / "full")
+    with pytest.raises(SystemExit):  # a DQN run cannot be resumed as PPO
+        main(["train", "--resume", str(tmp_path / "cut"), "--algo", "ppo"])
