@@ -102,3 +102,40 @@ def random_sequence(module: RecurrentModule, batch: tuple[int, ...] = (2, 5)) ->
 def outputs_of(module: RecurrentModule, td: TensorDict) -> list[Tensor]:
     """The module's output ``"y"`` and its next states, as written in ``td``."""
     return [td["y"], *(td["next", k] for k in module.state_keys)]
+
+
+ATOL = 1e-5
+KINDS = ["lstm", "gru"]
+#: (recurrent_backend, python_based)
+BACKENDS = [("pad", False), ("scan", False), ("auto", False), ("pad", True), ("scan", True)]
+BACKEND_IDS = [f"{b}{'-python' if p else ''}" for b, p in BACKENDS]
+SHAPES = {"T": (), "BT": (3,), "B1B2T": (2, 2)}
+T = 7
+
+
+def close(actual: Tensor, expected: Tensor) -> None:
+    """float32 comparison used across the module tests."""
+    torch.testing.assert_close(actual, expected, atol=ATOL, rtol=1e-4)
+
+
+def random_states(module: RecurrentModule, *batch: int) -> list[Tensor]:
+    """Noisy stored states of ``module``'s shapes with leading dims ``batch``."""
+    return [torch.randn(*batch, *shape) for shape in state_shapes(module)]
+
+
+def twin_of(module: RecurrentModule, **kwargs) -> RecurrentModule:
+    """A module of the same kind and size with ``module``'s weights and other options."""
+    cfg = module.config
+    kwargs.setdefault("dropout", cfg.dropout)
+    if cfg.proj_size:
+        kwargs["proj_size"] = cfg.proj_size
+    twin = make_module(
+        cfg.mode,
+        input_size=cfg.input_size,
+        hidden=cfg.hidden_size,
+        num_layers=cfg.num_layers,
+        bias=cfg.bias,
+        **kwargs,
+    )
+    twin.load_state_dict(module.state_dict())
+    return twin

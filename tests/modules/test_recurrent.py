@@ -17,53 +17,27 @@ from tensordict import LazyStackedTensorDict, TensorDict, pad_sequence
 from recurrl.modules import set_recurrent_mode
 
 from ._reference import (
+    BACKEND_IDS,
+    BACKENDS,
     F_IN,
+    KINDS,
+    SHAPES,
+    T,
+    close,
     make_module,
     outputs_of,
     random_is_init,
     random_sequence,
+    random_states,
     run_recurrent,
     sequence_td,
     state_shapes,
     step_loop,
     trajectory_end_mask,
+    twin_of,
 )
 
-ATOL = 1e-5
-KINDS = ["lstm", "gru"]
-#: (recurrent_backend, python_based)
-BACKENDS = [("pad", False), ("scan", False), ("auto", False), ("pad", True), ("scan", True)]
-BACKEND_IDS = [f"{b}{'-python' if p else ''}" for b, p in BACKENDS]
-SHAPES = {"T": (), "BT": (3,), "B1B2T": (2, 2)}
-T = 7
-
 pytestmark = pytest.mark.filterwarnings("ignore:dropout option adds dropout after all but last")
-
-
-def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    torch.testing.assert_close(actual, expected, atol=ATOL, rtol=1e-4)
-
-
-def _random_states(module, *batch: int) -> list[torch.Tensor]:
-    return [torch.randn(*batch, *shape) for shape in state_shapes(module)]
-
-
-def _twin(module, **kwargs):
-    """A module of the same kind and size with ``module``'s weights and other options."""
-    cfg = module.config
-    kwargs.setdefault("dropout", cfg.dropout)
-    if cfg.proj_size:
-        kwargs["proj_size"] = cfg.proj_size
-    twin = make_module(
-        cfg.mode,
-        input_size=cfg.input_size,
-        hidden=cfg.hidden_size,
-        num_layers=cfg.num_layers,
-        bias=cfg.bias,
-        **kwargs,
-    )
-    twin.load_state_dict(module.state_dict())
-    return twin
 
 
 # ----------------------------------------------------------------------------------------
@@ -82,14 +56,14 @@ def test_recurrent_mode_matches_step_loop(kind, shape, num_layers, bias, backend
     # random first flags: rows that start mid-episode begin from a non-zero stored state
     is_init = random_is_init((*shape, T))
     is_init[..., 3] = True  # at least one mid-row reset in every row
-    ref = step_loop(module, x, is_init, _random_states(module, *shape))
+    ref = step_loop(module, x, is_init, random_states(module, *shape))
 
     out = run_recurrent(module, sequence_td(module, x, is_init, ref["stored"]))
 
-    _close(out["y"], ref["y"])
+    close(out["y"], ref["y"])
     ends = trajectory_end_mask(is_init)[..., None, None]
     for key, expected in zip(module.state_keys, ref["next"], strict=True):
-        _close(out["next", key], torch.where(ends, expected, 0.0))
+        close(out["next", key], torch.where(ends, expected, 0.0))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -97,14 +71,14 @@ def test_recurrent_mode_matches_step_loop(kind, shape, num_layers, bias, backend
 def test_recurrent_mode_one_step_matches_sequential(kind, backend, python_based):
     module = make_module(kind, num_layers=2, recurrent_backend=backend, python_based=python_based)
     x, is_init = torch.randn(4, 1, F_IN), torch.tensor([True, False, True, False])[:, None]
-    states = _random_states(module, 4, 1)
+    states = random_states(module, 4, 1)
     seq = run_recurrent(module, sequence_td(module, x, is_init, states))
     # in recurrent mode a row restarts from the stored state even where is_init is True
     step = sequence_td(module, x[:, 0], torch.zeros(4, dtype=torch.bool), [s[:, 0] for s in states])
     module(step)
-    _close(seq["y"][:, 0], step["y"])
+    close(seq["y"][:, 0], step["y"])
     for key in module.state_keys:
-        _close(seq["next", key][:, 0], step["next", key])
+        close(seq["next", key][:, 0], step["next", key])
 
 
 # ----------------------------------------------------------------------------------------
@@ -112,7 +86,7 @@ def test_recurrent_mode_one_step_matches_sequential(kind, backend, python_based)
 # ----------------------------------------------------------------------------------------
 def _two_trajectories(module, t_a: int = 4, t_b: int = 4):
     x = torch.randn(1, t_a + t_b, F_IN)
-    states = _random_states(module, 1, t_a + t_b)  # noise everywhere, even at the restarts
+    states = random_states(module, 1, t_a + t_b)  # noise everywhere, even at the restarts
     is_init = torch.zeros(1, t_a + t_b, dtype=torch.bool)
     is_init[0, 0] = is_init[0, t_a] = True
     return x, states, is_init
@@ -130,9 +104,9 @@ def test_packed_trajectory_equals_standalone(kind, backend, python_based):
         module,
         sequence_td(module, x[:, t_a:], is_init[:, t_a:], [s[:, t_a:] for s in states]),
     )
-    _close(packed["y"][:, t_a:], alone["y"])
+    close(packed["y"][:, t_a:], alone["y"])
     for key in module.state_keys:
-        _close(packed["next", key][:, -1], alone["next", key][:, -1])
+        close(packed["next", key][:, -1], alone["next", key][:, -1])
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -161,9 +135,9 @@ def test_first_trajectory_does_not_leak_into_second(kind, backend, python_based)
     ]
     out2 = run_recurrent(module, sequence_td(module, x2, is_init, states2))
     assert not torch.allclose(out2["y"][:, :t_a], out["y"][:, :t_a].detach())
-    _close(out2["y"][:, t_a:], second.detach())
+    close(out2["y"][:, t_a:], second.detach())
     for key in module.state_keys:
-        _close(out2["next", key][:, -1], out["next", key][:, -1].detach())
+        close(out2["next", key][:, -1], out["next", key][:, -1].detach())
 
     # and no gradient flows from the second trajectory into the first one
     grads = torch.autograd.grad(second.sum(), [x, *states])
@@ -190,14 +164,14 @@ def test_slice_starting_mid_episode_replays_collectedoutputs_of(
     is_init = torch.zeros(2, steps, dtype=torch.bool)
     is_init[:, 0] = True
     is_init[1, 6] = True  # an episode boundary inside the slice of row 1
-    collected = step_loop(module, x, is_init, _random_states(module, 2))
+    collected = step_loop(module, x, is_init, random_states(module, 2))
 
     sliced_init = is_init[:, start:].clone()
     sliced_init[:, 0] = slice_start_flag  # a sampler marks slice starts with is_init
     stored = [s[:, start:] for s in collected["stored"]]
     assert all(s[:, 0].abs().sum() > 0 for s in stored)  # mid-episode: non-zero
     out = run_recurrent(module, sequence_td(module, x[:, start:], sliced_init, stored))
-    _close(out["y"], collected["y"][:, start:])
+    close(out["y"], collected["y"][:, start:])
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -206,19 +180,19 @@ def test_restart_uses_stored_state_not_zeros(kind, backend, python_based):
     module = make_module(kind, recurrent_backend=backend, python_based=python_based)
     x = torch.randn(1, 6, F_IN)
     is_init = torch.tensor([[True, False, False, True, False, False]])
-    states = _random_states(module, 1, 6)
+    states = random_states(module, 1, 6)
     out = run_recurrent(module, sequence_td(module, x, is_init, states))
     suffix = run_recurrent(
         module, sequence_td(module, x[:, 3:], is_init[:, 3:], [s[:, 3:] for s in states])
     )
-    _close(out["y"][:, 3:], suffix["y"])
+    close(out["y"][:, 3:], suffix["y"])
     zeroed = [s.clone() for s in states]
     for s in zeroed:
         s[:, 3] = 0
     out_zero = run_recurrent(module, sequence_td(module, x, is_init, zeroed))
     assert not torch.allclose(out_zero["y"][:, 3:], out["y"][:, 3:], atol=1e-4)
     # the first row still starts from its stored (non-zero) state, not from zeros
-    _close(out_zero["y"][:, :3], out["y"][:, :3])
+    close(out_zero["y"][:, :3], out["y"][:, :3])
 
 
 # ----------------------------------------------------------------------------------------
@@ -231,11 +205,11 @@ def test_next_state_exact_at_trajectory_ends_for_every_backend(kind):
     x = torch.randn(3, 8, F_IN)
     is_init = random_is_init((3, 8), 0.35)
     is_init[0, 1] = is_init[1, 7] = True  # length-1 pieces at both ends of a row
-    states = _random_states(base, 3, 8)
+    states = random_states(base, 3, 8)
     ends = trajectory_end_mask(is_init)
     results = []
     for backend, python_based in BACKENDS:
-        module = _twin(base, recurrent_backend=backend, python_based=python_based)
+        module = twin_of(base, recurrent_backend=backend, python_based=python_based)
         out = run_recurrent(module, sequence_td(module, x, is_init, states))
         for key in module.state_keys:
             assert out["next", key][~ends].abs().max() == 0
@@ -254,12 +228,12 @@ def test_next_state_exact_at_trajectory_ends_for_every_backend(kind):
                     ),
                 )
                 for key in module.state_keys:
-                    _close(out["next", key][row, b - 1], alone["next", key][0, -1])
+                    close(out["next", key][row, b - 1], alone["next", key][0, -1])
         results.append(out)
     for other in results[1:]:
-        _close(other["y"], results[0]["y"])
+        close(other["y"], results[0]["y"])
         for key in base.state_keys:
-            _close(other["next", key], results[0]["next", key])
+            close(other["next", key], results[0]["next", key])
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -267,13 +241,13 @@ def test_backends_agree_on_gradients_through_module(kind):
     base = make_module(kind, num_layers=2)
     x = torch.randn(3, 6, F_IN)
     is_init = random_is_init((3, 6), 0.4)
-    states = _random_states(base, 3, 6)
+    states = random_states(base, 3, 6)
     weights = torch.randn(3, 6, base.config.output_size)
     configs = [*BACKENDS, ("scan-full", False), ("scan-full", True)]
     results = []
     for backend, python_based in configs:
         recompute = "full" if backend == "scan-full" else "none"
-        module = _twin(
+        module = twin_of(
             base,
             recurrent_backend=backend.split("-")[0],
             python_based=python_based,
@@ -288,9 +262,9 @@ def test_backends_agree_on_gradients_through_module(kind):
         grads = torch.autograd.grad(loss, [*leaves, *params])
         results.append((out["y"].detach(), grads))
     for y, grads in results[1:]:
-        _close(y, results[0][0])
+        close(y, results[0][0])
         for g, g_ref in zip(grads, results[0][1], strict=True):
-            _close(g, g_ref)
+            close(g, g_ref)
 
 
 # ----------------------------------------------------------------------------------------
@@ -312,26 +286,26 @@ def _torch_step(module, x, states, is_init):
 def test_sequential_mode_any_batch_shape(kind, batch):
     module = make_module(kind, num_layers=2)
     x = torch.randn(*batch, F_IN)
-    states = _random_states(module, *batch)
+    states = random_states(module, *batch)
     is_init = torch.rand(batch) < 0.5
     td = sequence_td(module, x, is_init, states)
     module(td)
     y, nxt = _torch_step(module, x, states, is_init)
-    _close(td["y"], y)
+    close(td["y"], y)
     for key, h in zip(module.state_keys, nxt, strict=True):
         assert td["next", key].shape == (*batch, *state_shapes(module)[0][:1], h.shape[-1])
-        _close(td["next", key], h)
+        close(td["next", key], h)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_sequential_is_init_zeroes_incoming_state(kind):
     module = make_module(kind, num_layers=2)
     x = torch.randn(4, F_IN)
-    noisy = _random_states(module, 4)
+    noisy = random_states(module, 4)
     is_init = torch.tensor([True, False, True, False])
     out = module(sequence_td(module, x, is_init, noisy))
     zero = module(sequence_td(module, x, is_init, [torch.zeros_like(s) for s in noisy]))
-    _close(out["y"][is_init], zero["y"][is_init])
+    close(out["y"][is_init], zero["y"][is_init])
     assert not torch.allclose(out["y"][~is_init], zero["y"][~is_init])
     # and the gradient w.r.t. a state that is zeroed is exactly zero
     leaves = [s.clone().requires_grad_(True) for s in noisy]
@@ -356,7 +330,7 @@ def test_sequential_missing_state_allowed_only_when_all_init(kind):
             [torch.zeros(3, *s) for s in state_shapes(module)],
         )
     )
-    _close(td["y"], zero["y"])
+    close(td["y"], zero["y"])
     td = TensorDict({"x": x, "is_init": torch.tensor([[True], [False], [True]])}, [3])
     with pytest.raises(KeyError, match="TensorDictPrimer"):
         module(td)
@@ -444,7 +418,7 @@ def test_wrong_is_init_shape_raises(kind):
 
 def _assert_sameoutputs_of(module, actual, expected):
     for a, e in zip(outputs_of(module, actual), outputs_of(module, expected), strict=True):
-        _close(a, e)
+        close(a, e)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -452,7 +426,7 @@ def _assert_sameoutputs_of(module, actual, expected):
 def test_strided_view_matches_contiguous(kind, backend):
     module = make_module(kind, num_layers=2, recurrent_backend=backend)
     big = sequence_td(
-        module, torch.randn(4, 12, F_IN), random_is_init((4, 12)), _random_states(module, 4, 12)
+        module, torch.randn(4, 12, F_IN), random_is_init((4, 12)), random_states(module, 4, 12)
     )
     view = big[::2, ::2]
     assert not view["x"].is_contiguous()
@@ -487,7 +461,7 @@ def test_transposed_leaves_match_contiguous(kind, backend):
 def test_lazy_stack_matches_contiguous(kind, backend, stack_dim):
     module = make_module(kind, num_layers=2, recurrent_backend=backend)
     full = sequence_td(
-        module, torch.randn(3, 6, F_IN), random_is_init((3, 6)), _random_states(module, 3, 6)
+        module, torch.randn(3, 6, F_IN), random_is_init((3, 6)), random_states(module, 3, 6)
     )
     ref = run_recurrent(module, full.clone())
     lazy = LazyStackedTensorDict.lazy_stack(list(full.clone().unbind(stack_dim)), stack_dim)
@@ -495,14 +469,14 @@ def test_lazy_stack_matches_contiguous(kind, backend, stack_dim):
     out = run_recurrent(module, lazy)
     _assert_sameoutputs_of(module, out, ref)
     # written leaves are reachable through the stacked parts too
-    _close(lazy.tensordicts[1]["y"], ref["y"].select(stack_dim, 1))
+    close(lazy.tensordicts[1]["y"], ref["y"].select(stack_dim, 1))
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_lazy_stack_in_sequential_mode(kind):
     module = make_module(kind)
     full = sequence_td(
-        module, torch.randn(3, F_IN), torch.tensor([True, False, False]), _random_states(module, 3)
+        module, torch.randn(3, F_IN), torch.tensor([True, False, False]), random_states(module, 3)
     )
     ref = module(full.clone())
     lazy = LazyStackedTensorDict.lazy_stack([full[i].clone() for i in range(3)], 0)
@@ -515,7 +489,7 @@ def test_padded_sequences_match_unpadded(kind, backend, python_based):
     module = make_module(kind, num_layers=2, recurrent_backend=backend, python_based=python_based)
     lengths = [5, 2, 4]
     trajs = [
-        sequence_td(module, torch.randn(n, F_IN), torch.arange(n) == 0, _random_states(module, n))
+        sequence_td(module, torch.randn(n, F_IN), torch.arange(n) == 0, random_states(module, n))
         for n in lengths
     ]
     alone = [run_recurrent(module, t.clone().unsqueeze(0)) for t in trajs]
@@ -523,7 +497,7 @@ def test_padded_sequences_match_unpadded(kind, backend, python_based):
     assert padded.batch_size == (3, 5)
     out = run_recurrent(module, padded)
     for i, n in enumerate(lengths):
-        _close(out["y"][i, :n], alone[i]["y"][0])
+        close(out["y"][i, :n], alone[i]["y"][0])
     # with is_init on the first padded step, each real trajectory ends exactly there
     marked = padded.clone()
     for i, n in enumerate(lengths):
@@ -531,9 +505,9 @@ def test_padded_sequences_match_unpadded(kind, backend, python_based):
             marked["is_init"][i, n] = True
     out = run_recurrent(module, marked)
     for i, n in enumerate(lengths):
-        _close(out["y"][i, :n], alone[i]["y"][0])
+        close(out["y"][i, :n], alone[i]["y"][0])
         for key in module.state_keys:
-            _close(out["next", key][i, n - 1], alone[i]["next", key][0, -1])
+            close(out["next", key][i, n - 1], alone[i]["next", key][0, -1])
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -585,7 +559,7 @@ def test_python_based_ensemble_under_vmap(kind, recurrent):
         members[0],
         torch.randn(*batch, F_IN),
         random_is_init(batch),
-        _random_states(members[0], *batch),
+        random_states(members[0], *batch),
     )
 
     def call(p):
@@ -598,7 +572,7 @@ def test_python_based_ensemble_under_vmap(kind, recurrent):
         with set_recurrent_mode(recurrent):
             expected = member(data.clone())
         for got, want in zip(outputs, outputs_of(member, expected), strict=True):
-            _close(got[i], want)
+            close(got[i], want)
 
 
 @pytest.mark.parametrize("kind", KINDS)

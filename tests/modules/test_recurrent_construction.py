@@ -15,50 +15,20 @@ from recurrl.functional.rnn import GRU, LSTM
 from recurrl.modules import set_recurrent_mode
 
 from ._reference import (
+    BACKEND_IDS,
+    BACKENDS,
     F_IN,
+    KINDS,
     MODULES,
+    close,
     make_module,
     outputs_of,
     random_sequence,
     run_recurrent,
-    state_shapes,
+    twin_of,
 )
 
-ATOL = 1e-5
-KINDS = ["lstm", "gru"]
-#: (recurrent_backend, python_based)
-BACKENDS = [("pad", False), ("scan", False), ("auto", False), ("pad", True), ("scan", True)]
-BACKEND_IDS = [f"{b}{'-python' if p else ''}" for b, p in BACKENDS]
-SHAPES = {"T": (), "BT": (3,), "B1B2T": (2, 2)}
-T = 7
-
 pytestmark = pytest.mark.filterwarnings("ignore:dropout option adds dropout after all but last")
-
-
-def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    torch.testing.assert_close(actual, expected, atol=ATOL, rtol=1e-4)
-
-
-def _random_states(module, *batch: int) -> list[torch.Tensor]:
-    return [torch.randn(*batch, *shape) for shape in state_shapes(module)]
-
-
-def _twin(module, **kwargs):
-    """A module of the same kind and size with ``module``'s weights and other options."""
-    cfg = module.config
-    kwargs.setdefault("dropout", cfg.dropout)
-    if cfg.proj_size:
-        kwargs["proj_size"] = cfg.proj_size
-    twin = make_module(
-        cfg.mode,
-        input_size=cfg.input_size,
-        hidden=cfg.hidden_size,
-        num_layers=cfg.num_layers,
-        bias=cfg.bias,
-        **kwargs,
-    )
-    twin.load_state_dict(module.state_dict())
-    return twin
 
 
 # ----------------------------------------------------------------------------------------
@@ -233,11 +203,11 @@ def test_wraps_existing_network(kind, wrapped_cls, batch_first):
     assert module.rnn is rnn and getattr(module, kind) is rnn
     assert module.python_based == (wrapped_cls == "python")
     assert module.config.num_layers == 2
-    ref = _twin(module)
+    ref = twin_of(module)
     assert isinstance(ref.rnn, TORCH_CLS[kind]) and ref.rnn.batch_first
     seq = random_sequence(module)
     for a, e in zip(_both_modes(module, seq), _both_modes(ref, seq), strict=True):
-        _close(a, e)
+        close(a, e)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -262,14 +232,14 @@ def test_make_python_and_cudnn_based_preserve_weights_andoutputs_of(kind):
     for key, value in module.state_dict().items():
         assert torch.equal(value, weights[key])
     for a, e in zip(_both_modes(module, seq), before, strict=True):
-        _close(a, e)
+        close(a, e)
 
     assert module.make_cudnn_based() is module
     assert not module.python_based and isinstance(module.rnn, TORCH_CLS[kind])
     for key, value in module.state_dict().items():
         assert torch.equal(value, weights[key])
     for a, e in zip(_both_modes(module, seq), before, strict=True):
-        _close(a, e)
+        close(a, e)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -278,11 +248,11 @@ def test_dropout_only_in_train_mode(kind, backend, python_based):
     module = make_module(
         kind, num_layers=2, dropout=0.5, recurrent_backend=backend, python_based=python_based
     )
-    no_dropout = _twin(module, recurrent_backend=backend, python_based=python_based, dropout=0.0)
+    no_dropout = twin_of(module, recurrent_backend=backend, python_based=python_based, dropout=0.0)
     seq = random_sequence(module)
     module.eval()
     for a, e in zip(_both_modes(module, seq), _both_modes(no_dropout, seq), strict=True):
-        _close(a, e)
+        close(a, e)
     module.train()
     train = _both_modes(module, seq)
     expected = _both_modes(no_dropout, seq)
@@ -305,7 +275,7 @@ def test_recurrent_mode_property_and_default(kind):
         assert not module.recurrent_mode and not recurrent.recurrent_mode
     recurrent.load_state_dict(module.state_dict())
     seq = random_sequence(module)
-    _close(recurrent(seq.clone())["y"], run_recurrent(module, seq.clone())["y"])
+    close(recurrent(seq.clone())["y"], run_recurrent(module, seq.clone())["y"])
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -8,38 +8,26 @@ import re
 import pytest
 
 from recurrl.trainers import PPOTrainer, load_config
-from recurrl.trainers.cli import build_parser, config_from_args, main
+from recurrl.trainers.cli import main
 from recurrl.trainers.logger import read_metrics
+
+from ._helpers import metric_numbers, parse_train, run_cli
 
 # 2 envs x 64 steps per batch, 2 batches: about a second per run
 TINY = [
     "--num-envs", "2", "--frames", "256", "--frames-per-batch", "128",
     "--num-minibatches", "2", "--epochs", "2", "--hidden-size", "8", "--quiet",
 ]  # fmt: skip
-TIMING = {"fps", "time_s"}
-
-
-def _parse(*argv: str):
-    return config_from_args(build_parser().parse_args(["train", *argv]))
-
-
-def _run(capsys, *argv: str) -> list[str]:
-    assert main(list(argv)) == 0
-    return capsys.readouterr().out.strip().splitlines()
-
-
-def _numbers(run_dir) -> list[dict[str, str]]:
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(run_dir)]
 
 
 def test_defaults_are_ppo_lstm_on_masked_cartpole():
-    cfg = _parse()
+    cfg = parse_train()
     assert (cfg.algo, cfg.model.memory, cfg.env.env) == ("ppo", "lstm", "CartPole-masked")
     assert cfg.run.run_dir is None
 
 
 def test_options_map_to_fields():
-    cfg = _parse(
+    cfg = parse_train(
         "--memory", "gru", "--hidden-size", "16", "--layers", "2", "--seed", "5",
         "--num-envs", "4", "--frames", "4000", "--no-anneal-lr", "--max-episode-steps", "50",
     )  # fmt: skip
@@ -70,7 +58,7 @@ def test_bad_choice_and_bad_config_exit_with_usage(capsys):
 
 def test_tiny_train_writes_the_run_and_prints_its_dir_last(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    lines = _run(capsys, "train", *TINY, "--run-dir", str(run_dir), "--checkpoint-every", "128")
+    lines = run_cli(capsys, "train", *TINY, "--run-dir", str(run_dir), "--checkpoint-every", "128")
     assert lines[-1] == str(run_dir)
     assert {"config.json", "metrics.csv", "checkpoint.pt"} <= {p.name for p in run_dir.iterdir()}
     saved = json.loads((run_dir / "config.json").read_text())
@@ -85,10 +73,10 @@ def test_tiny_train_writes_the_run_and_prints_its_dir_last(tmp_path, capsys):
 
 
 def test_same_seed_same_numbers(tmp_path, capsys):
-    _run(capsys, "train", *TINY, "--run-dir", str(tmp_path / "a"))
-    _run(capsys, "train", *TINY, "--run-dir", str(tmp_path / "b"))
-    _run(capsys, "train", *TINY, "--run-dir", str(tmp_path / "c"), "--seed", "1")
-    a, b, c = (_numbers(tmp_path / n) for n in "abc")
+    run_cli(capsys, "train", *TINY, "--run-dir", str(tmp_path / "a"))
+    run_cli(capsys, "train", *TINY, "--run-dir", str(tmp_path / "b"))
+    run_cli(capsys, "train", *TINY, "--run-dir", str(tmp_path / "c"), "--seed", "1")
+    a, b, c = (metric_numbers(tmp_path / n) for n in "abc")
     assert a == b
     assert a != c
 
@@ -104,22 +92,22 @@ def test_same_seed_same_numbers(tmp_path, capsys):
 )
 def test_resume_replays_the_uninterrupted_run(tmp_path, capsys, extra):
     argv = [*TINY, "--frames", "512", "--checkpoint-every", "256", *extra]
-    _run(capsys, "train", *argv, "--run-dir", str(tmp_path / "full"))
+    run_cli(capsys, "train", *argv, "--run-dir", str(tmp_path / "full"))
     # interrupted: stopped after the checkpoint at 256 frames, then `--resume`
-    cfg = _parse(*argv, "--run-dir", str(tmp_path / "cut"))
+    cfg = parse_train(*argv, "--run-dir", str(tmp_path / "cut"))
     (tmp_path / "cut").mkdir()
     (tmp_path / "cut" / "config.json").write_text(json.dumps(cfg.to_dict()))
     PPOTrainer(cfg).train(stop_after=256)
     assert len(read_metrics(tmp_path / "cut")) == 2
-    lines = _run(capsys, "train", "--resume", str(tmp_path / "cut"))
+    lines = run_cli(capsys, "train", "--resume", str(tmp_path / "cut"))
     assert lines[-1] == str(tmp_path / "cut")
-    assert _numbers(tmp_path / "cut") == _numbers(tmp_path / "full")
+    assert metric_numbers(tmp_path / "cut") == metric_numbers(tmp_path / "full")
 
 
 def test_resume_with_more_frames_continues(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    _run(capsys, "train", *TINY, "--run-dir", str(run_dir))
-    _run(capsys, "train", "--resume", str(run_dir), "--frames", "384")
+    run_cli(capsys, "train", *TINY, "--run-dir", str(run_dir))
+    run_cli(capsys, "train", "--resume", str(run_dir), "--frames", "384")
     assert [int(r["frames"]) for r in read_metrics(run_dir)] == [128, 256, 384]
     assert load_config(run_dir).ppo.frames == 384
     with pytest.raises(SystemExit):
@@ -128,17 +116,17 @@ def test_resume_with_more_frames_continues(tmp_path, capsys):
 
 def test_eval_prints_mean_and_std(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    _run(capsys, "train", *TINY, "--max-episode-steps", "30", "--run-dir", str(run_dir))
-    lines = _run(capsys, "eval", str(run_dir), "--episodes", "3")
+    run_cli(capsys, "train", *TINY, "--max-episode-steps", "30", "--run-dir", str(run_dir))
+    lines = run_cli(capsys, "eval", str(run_dir), "--episodes", "3")
     match = re.fullmatch(r"mean_return: (\d+\.\d\d) ± (\d+\.\d\d) over 3 episodes", lines[-1])
     assert match, lines[-1]
     assert 0 < float(match.group(1)) <= 30  # returns capped by max_episode_steps
-    assert _run(capsys, "eval", str(run_dir), "--episodes", "3")[-1] == lines[-1]
+    assert run_cli(capsys, "eval", str(run_dir), "--episodes", "3")[-1] == lines[-1]
 
 
 def test_optional_outputs_are_skipped_with_a_note_or_written(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    lines = _run(capsys, "train", *TINY, "--run-dir", str(run_dir))
+    lines = run_cli(capsys, "train", *TINY, "--run-dir", str(run_dir))
     names = {p.name for p in run_dir.iterdir()}
     try:
         import matplotlib  # noqa: F401

@@ -12,7 +12,7 @@ from tensordict import TensorDict
 
 from recurrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from recurrl.trainers import DQNConfig, DQNTrainer, EnvConfig, TrainConfig, load_config
-from recurrl.trainers.cli import build_parser, config_from_args, main
+from recurrl.trainers.cli import main
 from recurrl.trainers.config import field_docs
 from recurrl.trainers.dqn import (
     EpsilonGreedy,
@@ -23,6 +23,8 @@ from recurrl.trainers.dqn import (
 )
 from recurrl.trainers.logger import read_metrics
 
+from ._helpers import metric_numbers, parse_train, run_cli
+
 # 2 envs x 32 steps per batch, 4 batches, updates from the second batch: about a second
 TINY = [
     "--algo", "dqn", "--num-envs", "2", "--frames", "256", "--frames-per-batch", "64",
@@ -30,20 +32,6 @@ TINY = [
     "--burn-in", "4", "--train-len", "8", "--hidden-size", "8", "--quiet", "--no-plot",
     "--no-tensorboard",
 ]  # fmt: skip
-TIMING = {"fps", "time_s"}
-
-
-def _parse(*argv: str) -> TrainConfig:
-    return config_from_args(build_parser().parse_args(["train", *argv]))
-
-
-def _run(capsys, *argv: str) -> list[str]:
-    assert main(list(argv)) == 0
-    return capsys.readouterr().out.strip().splitlines()
-
-
-def _numbers(run_dir) -> list[dict[str, str]]:
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(run_dir)]
 
 
 def test_every_dqn_field_has_a_docstring():
@@ -78,15 +66,15 @@ def test_invalid_dqn_values(make, match):
 
 
 def test_cli_routes_shared_options_to_the_algorithm():
-    cfg = _parse("--algo", "dqn", "--frames", "4000", "--lr", "0.01", "--burn-in", "3")
+    cfg = parse_train("--algo", "dqn", "--frames", "4000", "--lr", "0.01", "--burn-in", "3")
     assert (cfg.dqn.frames, cfg.dqn.lr, cfg.dqn.burn_in) == (4000, 0.01, 3)
     assert cfg.ppo.frames == 50_000  # untouched
     assert cfg.to_dict()["dqn"]["frames"] == 4000
-    assert _parse("--frames", "4000").ppo.frames == 4000
+    assert parse_train("--frames", "4000").ppo.frames == 4000
     with pytest.raises(ValueError, match="--burn-in is a dqn option"):
-        _parse("--burn-in", "3")
+        parse_train("--burn-in", "3")
     with pytest.raises(ValueError, match="--epochs is a ppo option"):
-        _parse("--algo", "dqn", "--epochs", "3")
+        parse_train("--algo", "dqn", "--epochs", "3")
 
 
 def test_epsilon_greedy_and_schedule():
@@ -144,7 +132,7 @@ def test_q_network_writes_action_values_and_integer_actions(memory):
 
 def test_tiny_dqn_run_writes_the_run_and_evaluates(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    lines = _run(capsys, "train", *TINY, "--run-dir", str(run_dir), "--checkpoint-every", "128")
+    lines = run_cli(capsys, "train", *TINY, "--run-dir", str(run_dir), "--checkpoint-every", "128")
     assert lines[-1] == str(run_dir)
     assert {"config.json", "metrics.csv", "checkpoint.pt"} <= {p.name for p in run_dir.iterdir()}
     saved = json.loads((run_dir / "config.json").read_text())
@@ -154,16 +142,16 @@ def test_tiny_dqn_run_writes_the_run_and_evaluates(tmp_path, capsys):
     assert [int(r["frames"]) for r in rows] == [64, 128, 192, 256]
     assert rows[0]["loss"] == "" and float(rows[1]["loss"]) >= 0  # updates from 128 frames
     assert {"episode_return", "epsilon", "td_error", "fps"} <= set(rows[0])
-    lines = _run(capsys, "eval", str(run_dir), "--episodes", "3")
+    lines = run_cli(capsys, "eval", str(run_dir), "--episodes", "3")
     assert re.fullmatch(r"mean_return: \d+\.\d\d ± \d+\.\d\d over 3 episodes", lines[-1])
-    assert _run(capsys, "eval", str(run_dir), "--episodes", "3")[-1] == lines[-1]
+    assert run_cli(capsys, "eval", str(run_dir), "--episodes", "3")[-1] == lines[-1]
 
 
 def test_same_seed_same_numbers(tmp_path, capsys):
-    _run(capsys, "train", *TINY, "--run-dir", str(tmp_path / "a"))
-    _run(capsys, "train", *TINY, "--run-dir", str(tmp_path / "b"))
-    _run(capsys, "train", *TINY, "--run-dir", str(tmp_path / "c"), "--seed", "1")
-    a, b, c = (_numbers(tmp_path / n) for n in "abc")
+    run_cli(capsys, "train", *TINY, "--run-dir", str(tmp_path / "a"))
+    run_cli(capsys, "train", *TINY, "--run-dir", str(tmp_path / "b"))
+    run_cli(capsys, "train", *TINY, "--run-dir", str(tmp_path / "c"), "--seed", "1")
+    a, b, c = (metric_numbers(tmp_path / n) for n in "abc")
     assert a == b
     assert a != c
 
@@ -172,15 +160,15 @@ def test_same_seed_same_numbers(tmp_path, capsys):
                                         "--hard-update-interval", "3"]])  # fmt: skip
 def test_resume_replays_the_uninterrupted_run(tmp_path, capsys, extra):
     argv = [*TINY, "--checkpoint-every", "128", *extra]
-    _run(capsys, "train", *argv, "--run-dir", str(tmp_path / "full"))
+    run_cli(capsys, "train", *argv, "--run-dir", str(tmp_path / "full"))
     # interrupted after the checkpoint at 128 frames (replay buffer inside), then `--resume`
-    cfg = _parse(*argv, "--run-dir", str(tmp_path / "cut"))
+    cfg = parse_train(*argv, "--run-dir", str(tmp_path / "cut"))
     (tmp_path / "cut").mkdir()
     (tmp_path / "cut" / "config.json").write_text(json.dumps(cfg.to_dict()))
     DQNTrainer(cfg).train(stop_after=128)
     assert len(read_metrics(tmp_path / "cut")) == 2
-    lines = _run(capsys, "train", "--resume", str(tmp_path / "cut"))
+    lines = run_cli(capsys, "train", "--resume", str(tmp_path / "cut"))
     assert lines[-1] == str(tmp_path / "cut")
-    assert _numbers(tmp_path / "cut") == _numbers(tmp_path / "full")
+    assert metric_numbers(tmp_path / "cut") == metric_numbers(tmp_path / "full")
     with pytest.raises(SystemExit):  # a DQN run cannot be resumed as PPO
         main(["train", "--resume", str(tmp_path / "cut"), "--algo", "ppo"])
