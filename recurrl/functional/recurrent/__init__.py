@@ -97,7 +97,7 @@ def resolve_backend(backend: str, x: Tensor, *, python_based: bool, mode: str = 
 
     ``auto`` picks ``scan`` under ``torch.compile``/``vmap`` and for python-based modules
     (it is the only backend without data-dependent shapes), ``pad`` on CUDA (cuDNN) and for
-    the LSTM on CPU (oneDNN's fused LSTM on a few padded buckets), and ``scan`` for the GRU on
+    the LSTM on CPU (oneDNN's fused LSTM on a few merged time windows), and ``scan`` for the GRU on
     CPU, where torch's GRU kernel pays a large fixed cost per time step that the fused scan
     loop avoids. The figures behind these choices are in ``benchmarks/README.md``.
     ``auto`` never picks ``triton``: its kernel has not been timed against cuDNN yet
@@ -179,9 +179,14 @@ def recurrent_unroll(
             )
         fused = runner is None
         run = runner if not fused else fused_runner(cfg, flat_weights, training)
-        lstm_weights = flat_weights if fused and cfg.mode == "lstm" else None
         return pad_unroll(
-            cfg, x, states, is_init, run, lstm_weights=lstm_weights, training=training
+            cfg,
+            x,
+            states,
+            is_init,
+            run,
+            fused_weights=flat_weights if fused else None,
+            training=training,
         )
     if name == "scan":
         y, new_states = scan_unroll(

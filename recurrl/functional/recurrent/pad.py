@@ -12,10 +12,10 @@ calls is the number of distinct piece lengths.
 Without any reset inside the batch this is a single call of the fused kernel on the
 original layout, i.e. plain ``nn.LSTM``.
 
-On CPU, torch runs ``nn.LSTM`` through oneDNN (its cost grows with the number of steps, with a
-small overhead per call) but ``nn.GRU`` through a per-step path that is dominated by a fixed
-cost per time step; the windowed layout is kept for both because it processes exactly the
-real steps.
+With torch's fused kernels (``fused_weights`` given, the modules' default), the windows are
+merged into a few calls whose padding steps are frozen exactly, see
+:mod:`recurrl.functional.recurrent.pad_frozen`; the plain windows above serve custom runners
+(python-based modules), whose weights cannot take the freezing input column.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from recurrl.functional.recurrent.config import RNNConfig
-from recurrl.functional.recurrent.pad_buckets import bucketed_lstm_unroll
+from recurrl.functional.recurrent.pad_frozen import frozen_unroll
 from recurrl.functional.sequences import split_pieces
 
 __all__ = ["fused_runner", "pad_unroll"]
@@ -66,7 +66,7 @@ def pad_unroll(
     is_init: Tensor,
     run: Runner,
     *,
-    lstm_weights: Sequence[Tensor] | None = None,
+    fused_weights: Sequence[Tensor] | None = None,
     training: bool = False,
 ) -> tuple[Tensor, tuple[Tensor, ...]]:
     """Reset-aware unroll by splitting at resets. See :func:`recurrl.functional.recurrent_unroll`.
@@ -85,8 +85,8 @@ def pad_unroll(
         return y, last
 
     pieces = split_pieces(is_init)
-    if lstm_weights is not None:
-        return bucketed_lstm_unroll(cfg, lstm_weights, x, states, pieces, training=training)
+    if fused_weights is not None:
+        return frozen_unroll(cfg, fused_weights, x, states, pieces, training=training)
     lengths = pieces.lengths
     total = n * steps
     device = x.device

@@ -2,7 +2,8 @@
 
 Pins what the docstrings promise. Windowed path (any runner): one fused call per distinct
 piece length, no padded step ever computed, a single plain call without resets, exact final
-states at every end. Bucketed LSTM path: the same numbers and gradients as the reference.
+states at every end. Fused path (merged windows with frozen padding, LSTM and GRU): the same
+numbers and gradients as the reference, whatever the weights.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from recurrl.functional.recurrent.pad import fused_runner, pad_unroll
-from recurrl.functional.recurrent.pad_buckets import plan_buckets
+from recurrl.functional.recurrent.pad_frozen import plan_windows
 
 from ._reference import loss_of, make_problem, pieces, reference_unroll
 
@@ -108,41 +109,41 @@ def test_custom_runner_sees_pieces_longest_first():
 
 
 # ----------------------------------------------------------------------------------------
-# the LSTM's bucketed path (right-padded calls with frozen padding steps)
+# the fused path: merged time windows with frozen padding steps (LSTM and GRU)
 # ----------------------------------------------------------------------------------------
-def _bucketed(p, **kwargs):
+def _frozen(p, leaves=None):
+    leaves = leaves if leaves is not None else [p.x, *p.states]
     run = fused_runner(p.cfg, p.weights, False)
-    return pad_unroll(p.cfg, p.x, p.states, p.is_init, run, lstm_weights=p.weights, **kwargs)
+    return pad_unroll(p.cfg, leaves[0], tuple(leaves[1:]), p.is_init, run, fused_weights=p.weights)
 
 
-@pytest.mark.parametrize(
-    "spec",
-    [
-        dict(seed=0),
-        dict(seed=1, num_layers=1),
-        dict(seed=2, bias=False),
-        dict(seed=3, proj_size=2),
-        dict(seed=4, n=1, steps=12, p_init=0.5),
-        dict(seed=5, p_init=1.0),
-    ],
-)
-def test_bucketed_lstm_matches_reference(spec):
+FROZEN_SPECS = [
+    dict(seed=0),
+    dict(seed=1, num_layers=1),
+    dict(seed=2, bias=False),
+    dict(seed=3, proj_size=2),
+    dict(seed=4, n=1, steps=12, p_init=0.5),
+    dict(seed=5, p_init=1.0),
+    dict(seed=6, num_layers=3, n=5, steps=20),
+    dict(seed=7, n=6, steps=30, p_init=0.1, hidden=40),
+]
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+@pytest.mark.parametrize("spec", FROZEN_SPECS, ids=lambda s: "-".join(map(str, s.values())))
+def test_frozen_path_matches_reference(mode, spec):
+    spec = dict(spec)
+    if mode == "gru" and spec.get("proj_size"):
+        pytest.skip("the GRU has no projection")
     p = make_problem(
-        "lstm",
+        mode,
         n=spec.pop("n", 4),
         steps=spec.pop("steps", 9),
         p_init=spec.pop("p_init", 0.3),
         **spec,
     )
     leaves = p.leaves()
-    y, nxt = pad_unroll(
-        p.cfg,
-        leaves[0],
-        tuple(leaves[1:]),
-        p.is_init,
-        fused_runner(p.cfg, p.weights, False),
-        lstm_weights=p.weights,
-    )
+    y, nxt = _frozen(p, leaves)
     ref_leaves = p.leaves()
     y_ref, next_ref = reference_unroll(p.rnn, ref_leaves[0], tuple(ref_leaves[1:]), p.is_init)
     _close(y, y_ref)
@@ -156,28 +157,53 @@ def test_bucketed_lstm_matches_reference(spec):
 
 @pytest.mark.parametrize("lengths", [[8, 8, 7, 2, 1], [5], [9, 4, 4, 4, 1, 1], [3, 2, 1]])
 @pytest.mark.parametrize("call_cost", [0.0, 4.0, 1e9])
-def test_plan_buckets_partitions_the_pieces_in_order(lengths, call_cost):
-    buckets = plan_buckets(lengths, call_cost)
-    assert buckets[0][0] == 0 and buckets[-1][1] == len(lengths)
-    assert all(b1 == a2 for (_, b1), (a2, _) in itertools.pairwise(buckets))
-    assert all(a < b for a, b in buckets)
-    if call_cost == 0:  # no call cost: never pad, one bucket per distinct length
-        assert len(buckets) == len(set(lengths))
+@pytest.mark.parametrize("step_cost", [0.0, 50.0])
+def test_plan_windows_covers_time_in_order(lengths, call_cost, step_cost):
+    windows = plan_windows(lengths, call_cost, step_cost)
+    assert windows[0][0] == 0 and windows[-1][1] == lengths[0]
+    assert all(b1 == a2 for (_, b1, _), (a2, _, _) in itertools.pairwise(windows))
+    for t0, t1, rows in windows:
+        assert t0 < t1
+        assert rows == sum(1 for ln in lengths if ln > t0)  # every piece alive at t0
+    if call_cost == 0 and step_cost == 0:  # free calls: never pad, a window per length
+        assert len(windows) == len(set(lengths))
     if call_cost == 1e9:  # a huge call cost: a single call
-        assert buckets == [(0, len(lengths))]
+        assert windows == [(0, lengths[0], len(lengths))]
 
 
-@pytest.mark.parametrize("forget_bias, weight_scale", [(-60.0, 1.0), (60.0, 1.0), (0.0, 100.0)])
-def test_bucketed_lstm_freeze_holds_for_extreme_weights(forget_bias, weight_scale):
+@pytest.mark.parametrize(
+    ("mode", "gate", "bias", "weight_scale"),
+    [
+        ("lstm", slice(4, 8), -60.0, 1.0),  # forget gate
+        ("lstm", slice(4, 8), 60.0, 1.0),
+        ("lstm", slice(0, 4), 0.0, 100.0),
+        ("gru", slice(4, 8), -60.0, 1.0),  # update gate
+        ("gru", slice(4, 8), 0.0, 100.0),
+    ],
+)
+def test_freeze_holds_for_extreme_weights(mode, gate, bias, weight_scale):
     # The padding flag's weight is derived from the weights: a fixed constant would be
-    # cancelled by an extreme (legal) forget bias or by large recurrent weights.
-    p = make_problem("lstm", n=3, steps=9, num_layers=1, p_init=0.3, seed=0)
+    # cancelled by an extreme (legal) gate bias or by large recurrent weights.
+    p = make_problem(mode, n=3, steps=9, num_layers=1, p_init=0.3, seed=0)
     with torch.no_grad():
-        p.rnn.bias_hh_l0[4:8] = forget_bias
-        p.rnn.bias_ih_l0[4:8] = 0.0
+        p.rnn.bias_hh_l0[gate] = bias
+        p.rnn.bias_ih_l0[gate] = 0.0
         p.rnn.weight_hh_l0.mul_(weight_scale)
-    y, nxt = _bucketed(p)
+    y, nxt = _frozen(p)
     y_ref, next_ref = reference_unroll(p.rnn, p.x, p.states, p.is_init)
     _close(y, y_ref)
     for s, s_ref in zip(nxt, next_ref, strict=True):
         _close(s, s_ref)
+
+
+def test_gru_freeze_holds_for_stored_states_beyond_one():
+    # A GRU state stays within max(1, |h_0|); the flag's weight must cover large stored states.
+    p = make_problem("gru", n=3, steps=9, num_layers=2, p_init=0.3, seed=1)
+    states = (p.states[0] * 50.0,)
+    with torch.no_grad():
+        p.rnn.weight_hh_l0.mul_(3.0)
+    y, nxt = _frozen(p, [p.x, *states])
+    y_ref, next_ref = reference_unroll(p.rnn, p.x, states, p.is_init)
+    # large magnitudes: float32 rounding reaches ~1e-5; a failed freeze would be off by O(1)
+    torch.testing.assert_close(y, y_ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(nxt[0], next_ref[0], atol=1e-4, rtol=1e-4)

@@ -1,0 +1,231 @@
+"""``pad`` on torch's fused kernels: a few time windows with exactly frozen padding steps.
+
+The trajectory pieces, longest first, form a grid ``[P, L_max]``; piece ``p`` is alive for its
+first ``len(p)`` steps. Walking the grid in time windows ``[b_{k-1}, b_k)``, each window is one
+fused call per layer on the pieces still alive at its start, carrying every piece's state into
+the next window. With a window per distinct piece length no padded step is ever computed but
+the calls are many; merging windows means running the pieces that end inside a window past
+their end. Those padding steps get one extra input feature, 1 on padding steps and 0 on real
+ones, whose weight column saturates the gates so that the state does not move:
+
+* LSTM (gates ``i, f, g, o``): ``-s`` on ``i`` and ``+s`` on ``f``, so ``i < 1e-13`` and
+  ``f == 1.0``: ``c`` is carried unchanged (``h`` is not, and is read at the last real step);
+* GRU (gates ``r, z, n``): ``+s`` on ``z``, so ``z == 1.0`` and ``h = (1 - z) n + z h == h``.
+
+On padding steps the layer input is zero and ``|h|`` is bounded (1 for the LSTM, or the
+projection's row norm; ``max(1, |h_0|)`` for the GRU), so every gate pre-activation is bounded
+by ``|W_hh|_1 * h_max + |b|``; ``s`` is that bound plus 30, computed from the weights at each
+call (a fixed constant would be cancelled by, say, a forget bias of -60). Saturated gates
+have zero derivative, so the carried state's gradient passes back unchanged too.
+
+Which windows to merge is a small dynamic programme over the distinct piece lengths, with a
+cost per call, per time step and per (row, step) that reflects the CPU kernels: oneDNN's
+LSTM pays mostly per call and per row-step, torch's GRU mostly per time step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from recurrl.functional.recurrent.config import LayerWeights, RNNConfig
+from recurrl.functional.sequences import Pieces
+
+__all__ = ["frozen_unroll", "kernel_costs", "plan_windows"]
+
+_MARGIN = 30.0  # sigmoid(30) rounds to 1.0 in float32; sigmoid(-30) < 1e-13
+
+
+def kernel_costs(cfg: RNNConfig) -> tuple[float, float]:
+    """``(call_cost, step_cost)`` of torch's CPU kernel in units of one (row, step).
+
+    Measured on 2 CPU cores, forward+backward: oneDNN's LSTM costs ~0.6 ms per call and
+    ~3.7 us per row-step at H = 64 (~15 us at H = 256), nearly nothing per time step;
+    torch's GRU costs ~0.25-0.5 ms per time step whatever the rows and ~2.6-7 us per
+    row-step at H = 64. The plans are flat around these values.
+    """
+    hid = cfg.hidden_size
+    if cfg.mode == "lstm":
+        return max(16.0, 12000.0 / hid), 0.5
+    return max(4.0, 8000.0 / hid), max(4.0, 4800.0 / hid)
+
+
+def plan_windows(
+    lengths: Sequence[int], call_cost: float, step_cost: float = 0.0
+) -> list[tuple[int, int, int]]:
+    """Time windows over pieces of non-increasing ``lengths``, of minimal estimated cost.
+
+    A window ``[t0, t1)`` runs the ``rows`` pieces longer than ``t0`` and costs
+    ``call_cost + (t1 - t0) * (step_cost + rows)``. Boundaries are chosen among the distinct
+    lengths, so the programme is at most ``O(T^2)``.
+
+    Args:
+        lengths: piece lengths, non-increasing.
+        call_cost: fixed cost of one kernel call, in row-steps.
+        step_cost: cost of one time step whatever the rows, in row-steps.
+
+    Returns:
+        ``[(t0, t1, rows), ...]`` covering ``[0, lengths[0])`` in order.
+
+    Examples:
+        >>> plan_windows([8, 8, 7, 2, 1], call_cost=4)
+        [(0, 2, 5), (2, 8, 3)]
+        >>> plan_windows([8, 1], call_cost=100)
+        [(0, 8, 2)]
+        >>> plan_windows([3, 2, 1], call_cost=0)
+        [(0, 1, 3), (1, 2, 2), (2, 3, 1)]
+    """
+    distinct = sorted(set(lengths))
+    bounds = [0, *distinct]
+    # rows alive in a window starting at bounds[i]: pieces longer than bounds[i]
+    alive = [sum(1 for ln in lengths if ln > b) for b in bounds[:-1]]
+    m = len(distinct)
+    best = [0.0] + [float("inf")] * m  # best[j]: cost of covering [0, bounds[j])
+    choice = [0] * (m + 1)
+    for j in range(1, m + 1):
+        for i in range(j):
+            cost = best[i] + call_cost + (bounds[j] - bounds[i]) * (step_cost + alive[i])
+            if cost < best[j]:
+                best[j], choice[j] = cost, i
+    windows = []
+    j = m
+    while j:
+        i = choice[j]
+        windows.append((bounds[i], bounds[j], alive[i]))
+        j = i
+    return windows[::-1]
+
+
+def _freeze_column(cfg: RNNConfig, w: LayerWeights, h_max: Tensor | float) -> Tensor:
+    """Weights ``[G*H, 1]`` of the padding flag (see the module docstring; no host sync)."""
+    with torch.no_grad():
+        reach = w.weight_hh.abs().sum(1) * h_max
+        if cfg.bias:
+            reach = reach + (w.bias_ih + w.bias_hh).abs()
+        hid = cfg.hidden_size
+        column = torch.zeros_like(reach)
+        if cfg.mode == "lstm":
+            s = (reach[: 2 * hid].max() + _MARGIN).clamp(max=1e30)
+            column[:hid] = -s
+            column[hid : 2 * hid] = s
+        else:
+            s = (reach[hid : 2 * hid].max() + _MARGIN).clamp(max=1e30)
+            column[hid : 2 * hid] = s
+    return column.unsqueeze(1)
+
+
+def _layer_params(cfg: RNNConfig, w: LayerWeights, column: Tensor) -> list[Tensor]:
+    params = [torch.cat([w.weight_ih, column], dim=1), w.weight_hh]
+    if cfg.bias:
+        params += [w.bias_ih, w.bias_hh]
+    if cfg.proj_size:
+        params.append(w.weight_hr)
+    return params
+
+
+def _h_max(cfg: RNNConfig, w: LayerWeights, h0: Tensor) -> Tensor | float:
+    if cfg.mode == "lstm":  # h = o * tanh(c), then projected
+        return w.weight_hr.abs().sum(1).max() if cfg.proj_size else 1.0
+    # a GRU state is a convex combination of candidates in [-1, 1] and its start state
+    return h0.detach().abs().amax().clamp(min=1.0) if h0.numel() else 1.0
+
+
+def frozen_unroll(
+    cfg: RNNConfig,
+    flat_weights: Sequence[Tensor],
+    x: Tensor,
+    states: tuple[Tensor, ...],
+    pieces: Pieces,
+    *,
+    training: bool,
+) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """Reset-aware LSTM/GRU over ``x [N, T, F]`` given its ``pieces``; see the module docstring.
+
+    Returns the output ``[N, T, O]`` and the states, each ``[N, T, L, S]``, exact at every
+    trajectory end and zero elsewhere.
+    """
+    n, steps = x.shape[:2]
+    total = n * steps
+    device = x.device
+    lengths = pieces.lengths
+    n_pieces = len(lengths)
+    windows = plan_windows(lengths, *kernel_costs(cfg))
+    lstm = cfg.mode == "lstm"
+
+    # For every window: the flat input index of each (row, step) (``total`` on padding steps)
+    # and the padding flag; the concatenation of the windows' outputs is read back through
+    # ``out_index`` (real steps, grid order) and ``end_index`` (each piece's last real step).
+    offsets = torch.arange(lengths[0], device=device)
+    valid = offsets < pieces.length.unsqueeze(1)  # [P, L_max]
+    grid = torch.where(valid, pieces.start.unsqueeze(1) + offsets, total)
+    row_of = torch.empty(n_pieces, lengths[0], dtype=torch.long, device=device)
+    sizes, shapes, index, flags = [], [], [], []
+    base = 0
+    for t0, t1, rows in windows:
+        width = t1 - t0
+        sizes.append(rows * width)
+        shapes.append((rows, width))
+        index.append(grid[:rows, t0:t1].reshape(-1))
+        flags.append(valid[:rows, t0:t1].reshape(-1))
+        local = torch.arange(rows * width, device=device).reshape(rows, width)
+        row_of[:rows, t0:t1] = base + local
+        base += rows * width
+    in_index = torch.cat(index)  # all windows' inputs, gathered at once
+    pad_flag = (~torch.cat(flags)).to(x.dtype).unsqueeze(1)
+    out_index = torch.empty(total, dtype=torch.long, device=device)
+    out_index[grid[valid]] = row_of[valid]
+    end_index = row_of[torch.arange(n_pieces, device=device), pieces.length - 1]
+    read_index = torch.cat([out_index, end_index])  # outputs at every step, then at the ends
+    # the LSTM's final c is the final state of the window in which the piece ends
+    ended = []
+    for k, (_, _, rows) in enumerate(windows):
+        rows_next = windows[k + 1][2] if k + 1 < len(windows) else 0
+        ended.append((rows_next, rows))
+    rank_of_final = torch.cat([torch.arange(a, b, device=device) for a, b in ended])
+    final_order = torch.empty_like(rank_of_final)
+    final_order[rank_of_final] = torch.arange(n_pieces, device=device)
+
+    layer_in = x.reshape(total, -1)
+    finals: list[list[Tensor]] = [[] for _ in states]
+    for layer in range(cfg.num_layers):
+        w = cfg.layer_weights(flat_weights, layer)
+        hx = [s[:, :, layer].reshape(total, -1)[pieces.start] for s in states]  # [P, S]
+        params = _layer_params(cfg, w, _freeze_column(cfg, w, _h_max(cfg, w, hx[0])))
+        padded_in = torch.cat([layer_in, layer_in.new_zeros(1, layer_in.shape[-1])])
+        inputs = torch.cat([padded_in[in_index], pad_flag], dim=1).split(sizes)
+        outs, c_final = [], []
+        for k, (xw, (rows, width)) in enumerate(zip(inputs, shapes, strict=True)):
+            xw = xw.view(rows, width, -1)
+            if lstm:
+                yw, hn, cn = torch.lstm(
+                    xw, (hx[0][:rows].unsqueeze(0), hx[1][:rows].unsqueeze(0)), params,
+                    cfg.bias, 1, 0.0, training, False, True,
+                )  # fmt: skip
+                hx = [hn[0], cn[0]]
+                a, b = ended[k]
+                c_final.append(cn[0, a:b])
+            else:
+                yw, hn = torch.gru(
+                    xw, hx[0][:rows].unsqueeze(0), params, cfg.bias, 1, 0.0, training, False,
+                    True,
+                )  # fmt: skip
+                hx = [hn[0]]
+            outs.append(yw.reshape(-1, yw.shape[-1]))
+        out, at_ends = torch.cat(outs)[read_index].split([total, n_pieces])
+        finals[0].append(at_ends)
+        if lstm:
+            finals[1].append(torch.cat(c_final)[final_order])
+        layer_in = out
+        if training and cfg.dropout and layer < cfg.num_layers - 1:
+            layer_in = F.dropout(layer_in, cfg.dropout, training=True)
+
+    end_pos = pieces.start + pieces.length - 1
+    new_states = []
+    for k, s in enumerate(states):
+        final = torch.stack(finals[k], dim=1)  # [P, L, S]
+        flat = torch.zeros(total, *s.shape[2:], dtype=final.dtype, device=device)
+        new_states.append(flat.index_copy(0, end_pos, final).reshape(s.shape))
+    return out.reshape(n, steps, -1), tuple(new_states)
