@@ -204,9 +204,13 @@ class EnvBase(nn.Module, metaclass=abc.ABCMeta):
             self._keys_cache = (version, cache)
         items = cache.get(names)
         if items is None:
-            items = []
+            # A key may sit in several specs (a primer's state is observation and state):
+            # list it once, with the first spec that declares it.
+            seen: dict[NestedKey, TensorSpec] = {}
             for name in names:
-                items += self._get_spec(name).items(include_nested=True, leaves_only=True)
+                for key, spec in self._get_spec(name).items(include_nested=True, leaves_only=True):
+                    seen.setdefault(key, spec)
+            items = list(seen.items())
             cache[names] = items
         return items
 

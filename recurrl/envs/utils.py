@@ -171,4 +171,6 @@ def where_reset(
     if mask is None or current is None:
         return reset_value
     view = mask.reshape((*mask.shape, *([1] * (reset_value.ndim - mask.ndim))))
-    return torch.where(view, reset_value, current.to(reset_value.device))
+    if current.device != reset_value.device:
+        current = current.to(reset_value.device)
+    return torch.where(view, reset_value, current)
