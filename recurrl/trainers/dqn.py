@@ -92,8 +92,8 @@ class ObservationNorm(nn.Module):
 
     Examples:
         >>> norm = ObservationNorm(2)
-        >>> norm.fit(torch.tensor([[0.0, 10.0], [2.0, 30.0]]))
-        >>> norm(torch.tensor([[1.0, 20.0], [2.0, 30.0]]))
+        >>> norm.fit(torch.tensor([[0.0, 10.0], [2.0, 30.0], [4.0, 50.0]]))  # std 2, 20
+        >>> norm(torch.tensor([[2.0, 30.0], [4.0, 50.0]]))
         tensor([[0., 0.],
                 [1., 1.]])
     """
