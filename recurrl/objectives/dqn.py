@@ -8,8 +8,13 @@ online network (double DQN's argmax) and the target network alike.
 
 Burn-in (R2D2, Kapturowski et al. 2019): the first ``burn_in`` steps of every sequence (from
 ``t = 0`` and from every ``is_init``, i.e. every replayed slice start) only warm the hidden
-state up from the stored one and are masked out of the loss. Gradients still flow back into
-them through the hidden state of later steps (R2D2 stops them there).
+state up from the stored one and are masked out of the loss, for flat ragged slices, padded
+slices (``("collector", "mask")``) and ``[B, T]`` batches alike; the target network runs
+over the same slices from the same stored states. Gradients still flow back into them
+through the hidden state of later steps (R2D2 stops them there). Optionally, sequences that
+start an episode (exact zero state) are not burned in (``burn_in_episode_starts=False``).
+
+Targets are one-step or ``n_steps``-step returns cut at every sequence end.
 """
 
 from __future__ import annotations
