@@ -8,8 +8,13 @@ online network (double DQN's argmax) and the target network alike.
 
 Burn-in (R2D2, Kapturowski et al. 2019): the first ``burn_in`` steps of every sequence (from
 ``t = 0`` and from every ``is_init``, i.e. every replayed slice start) only warm the hidden
-state up from the stored one and are masked out of the loss. Gradients still flow back into
-them through the hidden state of later steps (R2D2 stops them there).
+state up from the stored one and are masked out of the loss, for flat ragged slices, padded
+slices (``("collector", "mask")``) and ``[B, T]`` batches alike; the target network runs
+over the same slices from the same stored states. Gradients still flow back into them
+through the hidden state of later steps (R2D2 stops them there). Optionally, sequences that
+start an episode (exact zero state) are not burned in (``burn_in_episode_starts=False``).
+
+Targets are one-step or ``n_steps``-step returns cut at every sequence end.
 """
 
 from __future__ import annotations
@@ -53,7 +58,19 @@ class DQNLoss(LossModule):
         double_dqn: pick the next action with the online network and evaluate it with the
             target network. Default True.
         gamma: discount. Default 0.99.
-        burn_in: steps at the start of every sequence excluded from the loss. Default 0.
+        burn_in: steps at the start of every sequence (from ``t = 0`` and from every
+            ``is_init``, i.e. every replayed slice start) that only warm up the hidden state
+            from the stored one: they are masked out of the loss. Default 0.
+        n_steps: multi-step target ``sum_{i<m} gamma^i r_{t+i} + gamma^m Q'(s_{t+m})`` with
+            ``m = n_steps``, or fewer where the sequence ends first (a ``done`` step, the
+            step before an ``is_init``, the batch end: bootstrapped there unless terminated).
+            Default 1 (the one-step DQN target).
+        burn_in_episode_starts: also burn in sequences that start an episode. With False, a
+            sequence whose first step has ``"step_count"`` 0 (an episode start: its stored
+            state is the exact initial state, not a stale one) is not burned in; else
+            episodes shorter than ``burn_in`` steps, and the first ``burn_in`` steps of every
+            episode, would never be trained. Needs ``"step_count"`` in the batch (written by
+            :class:`~recurrl.envs.StepCounter`). Default True (R2D2: every sequence).
         delay_value: keep a target network (``loss.target_value_network``, synced by
             :class:`HardUpdate`/:class:`SoftUpdate`); else bootstrap with the online network
             (without gradient). Default True.
@@ -89,6 +106,7 @@ class DQNLoss(LossModule):
         terminated: NestedKey = "terminated"
         is_init: NestedKey = "is_init"
         mask: NestedKey = ("collector", "mask")
+        step_count: NestedKey = "step_count"
 
     def __init__(
         self,
@@ -99,6 +117,8 @@ class DQNLoss(LossModule):
         burn_in: int = 0,
         delay_value: bool = True,
         loss_function: str = "smooth_l1",
+        n_steps: int = 1,
+        burn_in_episode_starts: bool = True,
     ) -> None:
         super().__init__()
         if not isinstance(value_network, TensorDictModuleBase):
@@ -111,8 +131,16 @@ class DQNLoss(LossModule):
             raise ValueError(
                 f"DQNLoss: loss_function must be one of {_LOSSES}, received {loss_function!r}."
             )
-        if not isinstance(burn_in, int) or burn_in < 0:
-            raise ValueError(f"DQNLoss: expected burn_in to be an int >= 0, received {burn_in!r}.")
+        if not isinstance(burn_in, int) or isinstance(burn_in, bool) or burn_in < 0:
+            raise ValueError(
+                f"DQNLoss: expected burn_in to be an int >= 0 (steps masked out at every "
+                f"sequence start), received {burn_in!r}."
+            )
+        if not isinstance(n_steps, int) or isinstance(n_steps, bool) or n_steps < 1:
+            raise ValueError(
+                f"DQNLoss: expected n_steps to be an int >= 1 (1: one-step target), received "
+                f"{n_steps!r}."
+            )
         if not 0.0 <= gamma <= 1.0:
             raise ValueError(f"DQNLoss: expected gamma in [0, 1], received {gamma!r}.")
         self.value_network = value_network
@@ -124,6 +152,8 @@ class DQNLoss(LossModule):
         self.double_dqn = double_dqn
         self.gamma = float(gamma)
         self.burn_in = burn_in
+        self.n_steps = n_steps
+        self.burn_in_episode_starts = bool(burn_in_episode_starts)
         self.delay_value = delay_value
         self.loss_function = loss_function
 
@@ -164,6 +194,55 @@ class DQNLoss(LossModule):
             return q_next_target.gather(-1, best).squeeze(-1)
         return q_next_target.max(-1).values
 
+    def _n_step(self, td: TensorDictBase, target: Tensor, q_next: Tensor, reward: Tensor,
+                term: Tensor) -> Tensor:  # fmt: skip
+        """Extend the one-step ``target`` to ``n_steps`` steps inside every sequence."""
+        k = self.tensor_keys
+        rows = (lambda x: x.unsqueeze(0)) if td.batch_dims == 1 else (lambda x: x)
+        done = rows(per_step(td, _next(k.done), "DQNLoss").bool())
+        is_init = td.get(k.is_init, None)
+        ends = done.clone()  # no step t + 1 of the same sequence after t
+        ends[..., -1] = True
+        if is_init is not None:
+            ends[..., :-1] |= rows(per_step(td, k.is_init, "DQNLoss").bool())[..., 1:]
+        one_step, q_next, reward = rows(target), rows(q_next), rows(reward)
+        not_term = (~rows(term)).to(reward.dtype)
+        g = one_step
+        for _ in range(self.n_steps - 1):
+            later = torch.cat([g[..., 1:], g[..., -1:]], -1)  # G_{t+1}; unused at ends
+            g = torch.where(ends, one_step, reward + self.gamma * not_term * later)
+        return g.reshape(target.shape)
+
+    def _burned_in(self, td: TensorDictBase) -> Tensor:
+        """``[*B]`` True at the first ``burn_in`` steps of every sequence (not of those that
+        start an episode, with ``burn_in_episode_starts=False``)."""
+        k = self.tensor_keys
+        is_init = td.get(k.is_init, None)
+        if is_init is None:
+            raise KeyError(
+                f"DQNLoss: burn_in={self.burn_in} needs {k.is_init!r} marking every sequence "
+                f"(slice) start. Fix: sample with SliceSampler from data collected with "
+                f"InitTracker, or use burn_in=0."
+            )
+        is_init = per_step(td, k.is_init, "DQNLoss").bool()
+        burned = burn_in_mask(is_init, self.burn_in)
+        if self.burn_in_episode_starts:
+            return burned
+        step_count = td.get(k.step_count, None)
+        if step_count is None:
+            raise KeyError(
+                f"DQNLoss: burn_in_episode_starts=False needs {k.step_count!r} (steps since the "
+                f"episode start) in the batch. Fix: add StepCounter() to the env, rename the key "
+                f"with set_keys(step_count=...), or use burn_in_episode_starts=True."
+            )
+        step_count = per_step(td, k.step_count, "DQNLoss")
+        idx = torch.arange(is_init.shape[-1], device=is_init.device).expand_as(is_init)
+        starts = is_init.clone()
+        starts[..., 0] = True
+        first = torch.where(starts, idx, torch.zeros_like(idx)).cummax(-1).values
+        fresh = step_count.gather(-1, first) == 0  # the sequence starts an episode
+        return burned & ~fresh
+
     def _distance(self, q: Tensor, target: Tensor) -> Tensor:
         if self.loss_function == "smooth_l1":
             return F.smooth_l1_loss(q, target, reduction="none")
@@ -187,10 +266,11 @@ class DQNLoss(LossModule):
             reward = per_step(td, _next(k.reward), "DQNLoss").to(q.dtype)
             term = per_step(td, _next(k.terminated), "DQNLoss").bool()
             target = td0_return_estimate(self.gamma, q_next, reward, term)
+            if self.n_steps > 1:
+                target = self._n_step(td, target, q_next, reward, term)
         mask = step_mask(td, k.mask)
         if self.burn_in:
-            is_init = per_step(td, k.is_init, "DQNLoss").bool()
-            keep = ~burn_in_mask(is_init, self.burn_in)
+            keep = ~self._burned_in(td)
             mask = keep if mask is None else mask & keep
         loss = masked_mean(self._distance(q_sa, target), mask)
         td_error = masked_mean((q_sa - target).abs(), mask).detach()

@@ -203,9 +203,10 @@ class DQNConfig:
     """Recurrent DQN (R2D2-style): replayed slices with burn-in, double DQN, target network.
 
     Each batch: epsilon-greedy collection of frames_per_batch frames into the replay buffer,
-    then updates_per_batch updates on num_slices slices of burn_in + train_len steps. Tuned
-    only briefly (seed 0): on CartPole-masked, 100k frames give a greedy return of about 100
-    (LSTM) / 130 (GRU), short of 500; without obs_scale nothing was learned in 200k frames.
+    then updates_per_batch updates on num_slices slices of up to burn_in + train_len steps
+    (5-step double-DQN targets, rewards scaled by 0.1, observations standardized with the
+    warm-up statistics). On CartPole-masked, 100k frames give a greedy return >= 450; see
+    ``benchmarks/learning/README.md`` for the figures per seed and what was tried.
     """
 
     frames: int = 100_000
@@ -216,21 +217,30 @@ class DQNConfig:
     """Replay buffer capacity in frames."""
     learning_starts: int = 2_000
     """Frames collected before the first update."""
-    updates_per_batch: int = 32
+    updates_per_batch: int = 8
     """Gradient steps after each collected batch."""
-    num_slices: int = 16
-    """Slices per update (sequences of burn_in + train_len steps)."""
+    num_slices: int = 64
+    """Slices per update (sequences of up to burn_in + train_len steps; a slice may start at
+    any stored step with more than burn_in steps left in its episode)."""
     burn_in: int = 10
     """Steps at the start of every slice that only warm the stored hidden state up (no loss)."""
     train_len: int = 20
     """Steps of every slice that enter the loss (after the burn-in)."""
     lr: float = 1e-3
     """Adam learning rate."""
-    obs_scale: float = 10.0
-    """Multiply observations by this before the Q-network: CartPole-masked's position and
-    angle are about 0.1, too small for the LSTM to regress Q-values from their changes."""
+    obs_norm: bool = True
+    """Standardize each observation entry with the mean and std of the learning_starts
+    warm-up frames (nearly random policy), frozen afterwards and saved with the model."""
+    obs_scale: float = 1.0
+    """Multiply the (normalized) observations by this before the Q-network."""
     gamma: float = 0.99
     """Discount factor."""
+    n_steps: int = 5
+    """Multi-step TD target: rewards of this many steps, then the target network's value
+    (fewer steps where a slice or episode ends first)."""
+    reward_scale: float = 0.1
+    """Multiply rewards by this in the loss (smaller Q-values; logged returns are
+    unscaled)."""
     double_dqn: bool = True
     """Double DQN: the online network picks the next action, the target network values it."""
     loss_function: Literal["smooth_l1", "l2", "l1"] = "smooth_l1"
@@ -256,7 +266,7 @@ class DQNConfig:
             "DQNConfig", frames=self.frames, frames_per_batch=self.frames_per_batch,
             buffer_size=self.buffer_size, updates_per_batch=self.updates_per_batch,
             num_slices=self.num_slices, train_len=self.train_len, eps_frames=self.eps_frames,
-            hard_update_interval=self.hard_update_interval,
+            hard_update_interval=self.hard_update_interval, n_steps=self.n_steps,
         )  # fmt: skip
         _check_frames("DQNConfig", self.frames, self.frames_per_batch)
         if self.burn_in < 0 or self.learning_starts < 0:
@@ -269,8 +279,12 @@ class DQNConfig:
                 raise ValueError(
                     f"DQNConfig: {name} must be in [0, 1], received {getattr(self, name)}."
                 )
-        if self.obs_scale <= 0:
-            raise ValueError(f"DQNConfig: obs_scale must be > 0, received {self.obs_scale}.")
+        if self.obs_scale <= 0 or self.reward_scale <= 0:
+            raise ValueError(
+                f"DQNConfig: obs_scale and reward_scale must be > 0 (1 leaves the values "
+                f"unchanged), received obs_scale={self.obs_scale}, "
+                f"reward_scale={self.reward_scale}."
+            )
         if self.lr <= 0 or not 0.0 < self.tau <= 1.0 or self.max_grad_norm < 0:
             raise ValueError(
                 f"DQNConfig: lr must be > 0, tau in (0, 1] and max_grad_norm >= 0, received "

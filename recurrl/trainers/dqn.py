@@ -8,13 +8,28 @@ One batch of the loop (:func:`train`):
    hidden states ride in the TensorDict and are stored with every step;
 2. the ``[N, T]`` batch goes into a replay buffer (row by row: a slice never crosses rows);
 3. ``updates_per_batch`` times: a :class:`~recurrl.data.SliceSampler` draws ``num_slices``
-   slices of ``burn_in + train_len`` steps (``is_init`` at every slice start: recurrent
-   mode restarts from the stored state there); :class:`~recurrl.objectives.DQNLoss` runs
-   the Q-network over them, skipping the first ``burn_in`` steps of each slice (R2D2,
-   Kapturowski et al. 2019: the stored state is stale, the burn-in refreshes it); Adam,
-   gradient clipping, then a soft or hard target-network update.
+   slices of up to ``burn_in + train_len`` steps (``is_init`` at every slice start:
+   recurrent mode restarts from the stored state there). ``min_slice_len=burn_in + 1``:
+   a slice may start at any step with more than ``burn_in`` steps left in its episode and
+   is cut short at the episode end, so every step after the burn-in is replayed equally
+   often (with whole slices only, an episode's terminal step -- CartPole's only signal --
+   would be in one slice, an inner step in ``train_len``).
+   :class:`~recurrl.objectives.DQNLoss` runs the online and target Q-networks over the
+   slices from the stored states and masks the first ``burn_in`` steps of each slice out of
+   the loss (R2D2, Kapturowski et al. 2019: the stored state is stale, the burn-in
+   refreshes it), except for slices that start an episode (``burn_in_episode_starts=False``:
+   their zero state is exact; masking them would never train episodes shorter than the
+   burn-in, the ones a bad greedy policy produces). Targets are ``n_steps``-step double-DQN
+   returns of rewards scaled by ``reward_scale``; Adam, gradient clipping, then a soft or
+   hard target-network update.
 
-Checkpoints hold the replay buffer, the target network and the updater's counter besides
+Observations are standardized with the mean/std of the warm-up frames (``obs_norm``); the
+Q-head is a one-hidden-layer MLP. Both matter on CartPole-masked: with a linear head on
+raw observations the LSTM saturated its features to regress Q-values of ~50 and the
+Q-function became constant across states (see ``benchmarks/learning/README.md``).
+
+Checkpoints hold the replay buffer, the target network, the updater's counter and whether the
+observation statistics were fitted besides
 what :mod:`recurrl.trainers.checkpoint` saves for every recipe, so a resumed run replays the
 uninterrupted one. :func:`recurrl.trainers.evaluate` acts greedily with the Q-network.
 """
@@ -35,6 +50,7 @@ from torch import nn
 
 from recurrl.collectors import Collector
 from recurrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
+from recurrl.modules import MLP
 from recurrl.objectives import DQNLoss, HardUpdate, SoftUpdate
 from recurrl.trainers import checkpoint as ckpt
 from recurrl.trainers.config import ModelConfig, TrainConfig
@@ -42,7 +58,7 @@ from recurrl.trainers.logger import MetricsLogger, plot_learning_curve
 from recurrl.trainers.models import _trunk, make_env
 from recurrl.trainers.ppo import RECENT_EPISODES, _episode_returns
 
-__all__ = ["DQNTrainer", "EpsilonGreedy", "QNetwork", "train"]
+__all__ = ["DQNTrainer", "EpsilonGreedy", "ObservationNorm", "QNetwork", "train"]
 
 # policy outputs not worth replaying: the loss recomputes them (and ("next", state) too)
 _NOT_STORED = ("action_value", "q_features", "q_observation")
@@ -70,21 +86,45 @@ class EpsilonGreedy(nn.Module):
         return torch.where(explore, uniform, greedy)
 
 
-class _Scale(nn.Module):
-    def __init__(self, scale: float) -> None:
+class ObservationNorm(nn.Module):
+    """``(x - loc) / scale * extra_scale`` per observation entry; ``loc``/``scale`` are
+    buffers (saved with the model), identity until :meth:`fit` sets them.
+
+    Examples:
+        >>> norm = ObservationNorm(2)
+        >>> norm.fit(torch.tensor([[0.0, 10.0], [2.0, 30.0], [4.0, 50.0]]))  # std 2, 20
+        >>> norm(torch.tensor([[2.0, 30.0], [4.0, 50.0]]))
+        tensor([[0., 0.],
+                [1., 1.]])
+    """
+
+    def __init__(self, size: int, extra_scale: float = 1.0) -> None:
         super().__init__()
-        self.scale = scale
+        self.register_buffer("loc", torch.zeros(size))
+        self.register_buffer("scale", torch.ones(size))
+        self.extra_scale = extra_scale
+
+    @torch.no_grad()
+    def fit(self, observations: torch.Tensor, eps: float = 1e-6) -> None:
+        """Set ``loc``/``scale`` to the mean/std of ``observations`` ``[n, size]``."""
+        flat = observations.reshape(-1, self.loc.numel()).to(self.loc.dtype)
+        self.loc.copy_(flat.mean(0))
+        self.scale.copy_(flat.std(0).clamp_min(eps))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.scale
+        return (x - self.loc) / self.scale * self.extra_scale
 
 
 class QNetwork(nn.Module):
-    """Observation scaling, a trunk (LSTM/GRU/MLP from :class:`ModelConfig`) and a linear head
-    writing ``"action_value"`` ``[*B, n_actions]``.
+    """Observation normalization, a trunk (LSTM/GRU/MLP from :class:`ModelConfig`) and an MLP
+    head (one hidden layer, as PPO's critic) writing ``"action_value"`` ``[*B, n_actions]``.
 
     Args:
-        obs_scale: the trunk reads ``"q_observation"`` = ``obs_scale * "observation"``.
+        obs_scale: the trunk reads ``"q_observation"`` = ``obs_scale * norm("observation")``
+            (``norm``: :attr:`obs_norm`, the identity until fitted).
+
+    Attributes:
+        obs_norm: the :class:`ObservationNorm` (buffers saved in the model's state dict).
 
     Attributes:
         q: the Q-network (a TensorDict module; recurrent state keys ``"q_h"`` (``"q_c"``)).
@@ -94,47 +134,16 @@ class QNetwork(nn.Module):
         self, cfg: ModelConfig, obs_dim: int, n_actions: int, *, obs_scale: float = 1.0
     ) -> None:
         super().__init__()
-        scale = Mod(_Scale(obs_scale), ["observation"], ["q_observation"])
+        self.obs_norm = ObservationNorm(obs_dim, obs_scale)
+        scale = Mod(self.obs_norm, ["observation"], ["q_observation"])
         trunk = _trunk(cfg, obs_dim, "q", obs_key="q_observation")
-        head = nn.Linear(cfg.hidden_size, n_actions)
+        width = cfg.hidden_size
+        head = MLP(width, n_actions, num_cells=width)  # as PPO's critic head
         self.q = Seq(scale, trunk, Mod(head, [trunk.out_keys[0]], ["action_value"]))
 
     def policy(self, epsilon: float = 0.0) -> Seq:
         """The acting module: the Q-network then :class:`EpsilonGreedy` writing ``"action"``."""
         return Seq(self.q, Mod(EpsilonGreedy(epsilon), ["action_value"], ["action"]))
-
-
-class _AnyStartSliceSampler(SliceSampler):
-    """A ragged :class:`SliceSampler` whose slices may start at any stored step (those near
-    a trajectory's end are cut short there).
-
-    With the stock starts (only where a whole slice fits) a trajectory's last step lies in
-    the loss window of one start, an inner step in that of ``train_len`` starts: terminal
-    transitions, the only signal of CartPole's constant reward, were replayed ``train_len``
-    times too rarely (feed-forward DQN on CartPole-v1 learned about twice as slowly). Here
-    every step is in the loss window of equally many starts.
-    """
-
-    def __init__(self, *, slice_len: int) -> None:
-        super().__init__(slice_len=slice_len, strict_length=False)
-
-    def _valid_starts(self, segments: Any, slice_len: int) -> Any:
-        return super()._valid_starts(segments, 1)  # a start is valid if one step fits
-
-
-def burn_in_mask(sample: TensorDictBase, burn_in: int) -> torch.Tensor:
-    """``[n]`` True where a step of flat slices enters the loss.
-
-    The first ``burn_in`` steps of a slice only warm up the stale stored state (R2D2). A slice
-    that starts an episode (``step_count`` 0) starts from the exact zero state and needs no
-    burn-in: masking it too would never train episodes shorter than ``burn_in`` steps -- the
-    ones a bad greedy policy produces -- so that policy would never be corrected.
-    """
-    start = sample["is_init"].reshape(-1)  # the sampler marks every slice start
-    idx = torch.arange(start.numel(), device=start.device)
-    first = torch.cummax(torch.where(start, idx, 0), 0).values  # each step's slice start
-    fresh = sample["step_count"].reshape(-1)[first] == 0
-    return (idx - first >= burn_in) | fresh
 
 
 def epsilon_at(cfg: Any, frames: int) -> float:
@@ -165,8 +174,9 @@ class DQNTrainer:
         self.model = QNetwork(cfg.model, obs_dim, n_actions, obs_scale=d.obs_scale)
         self.model.to(self.device)
         self.loss = DQNLoss(
-            self.model.q, double_dqn=d.double_dqn, gamma=d.gamma, burn_in=0,
-            delay_value=True, loss_function=d.loss_function,
+            self.model.q, double_dqn=d.double_dqn, gamma=d.gamma, burn_in=d.burn_in,
+            n_steps=d.n_steps, delay_value=True, loss_function=d.loss_function,
+            burn_in_episode_starts=False,
         )  # fmt: skip
         if d.target_update == "soft":
             self.updater: HardUpdate | SoftUpdate = SoftUpdate(self.loss, tau=d.tau)
@@ -182,11 +192,14 @@ class DQNTrainer:
         )  # fmt: skip
         self.buffer = TensorDictReplayBuffer(
             storage=LazyTensorStorage(d.buffer_size),
-            sampler=_AnyStartSliceSampler(slice_len=d.slice_len),
+            sampler=SliceSampler(
+                slice_len=d.slice_len, strict_length=False, min_slice_len=d.burn_in + 1
+            ),
             batch_size=d.num_slices * d.slice_len,
         )
         self.recent: deque[float] = deque(maxlen=RECENT_EPISODES)
         self.batches = 0
+        self.normalized = False  # obs_norm fitted (its buffers are in the checkpoint)
         if resume:
             ckpt.restore(ckpt.load(self.run_dir), self)
         self.logger = MetricsLogger(
@@ -202,10 +215,12 @@ class DQNTrainer:
             "buffer": self.buffer.state_dict(),
             "target": target.state_dict(),
             "updater_counter": getattr(self.updater, "counter", 0),
+            "normalized": self.normalized,
         }
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.buffer.load_state_dict(state["buffer"])
+        self.normalized = bool(state.get("normalized", False))
         assert self.loss.target_value_network is not None
         self.loss.target_value_network.load_state_dict(state["target"])
         if isinstance(self.updater, HardUpdate):
@@ -225,8 +240,9 @@ class DQNTrainer:
         sums = {"loss": 0.0, "td_error": 0.0, "grad_norm": 0.0}
         for _ in range(d.updates_per_batch):
             sample = self.buffer.sample().to(self.device)
-            # DQNLoss runs with burn_in=0: this mask skips only stale-state burn-in steps
-            sample.set(self.loss.tensor_keys.mask, burn_in_mask(sample, d.burn_in))
+            if d.reward_scale != 1.0:
+                key = ("next", self.loss.tensor_keys.reward)
+                sample.set(key, sample.get(key) * d.reward_scale)
             out = self.loss(sample)
             self.optimizer.zero_grad(set_to_none=True)
             out["loss"].backward()
@@ -246,6 +262,13 @@ class DQNTrainer:
         self.recent.extend(returns)
         self.buffer.extend(batch.exclude(*_NOT_STORED))
         learning = self.collector.frames >= self.cfg.dqn.learning_starts
+        if learning and self.cfg.dqn.obs_norm and not self.normalized:
+            # statistics of the warm-up frames (epsilon ~ 1: a nearly random policy), frozen
+            self.model.obs_norm.fit(self.buffer.storage.data["observation"][: len(self.buffer)])
+            self.loss.target_value_network.load_state_dict(  # type: ignore[union-attr]
+                self.model.q.state_dict()
+            )
+            self.normalized = True
         stats = self.update() if learning else dict.fromkeys(
             ("loss", "td_error", "grad_norm"), math.nan)  # fmt: skip
         self.batches += 1

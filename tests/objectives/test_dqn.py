@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from tensordict import TensorDict
 from tensordict.nn import TensorDictModule as Mod
 
 from recurrl.objectives import DQNLoss, HardUpdate, SoftUpdate
@@ -17,8 +18,11 @@ def _net(kind="gru"):
     return recurrent_critic(kind, out_key="action_value", out=N_ACT)
 
 
-def _reference(loss, rnn, td, *, double, gamma, burn_in, mask=None, fn="smooth_l1"):
-    """Per-step loop: y_t = r_t + gamma (1 - term_t) Q_tgt(s_{t+1}, a*), mean over kept steps."""
+def _reference(loss, rnn, td, *, double, gamma, burn_in, mask=None, fn="smooth_l1", n_steps=1,
+               fresh_starts=False):  # fmt: skip
+    """Per-step loop: y_t = sum_{i<m} gamma^i r_{t+i} + gamma^m (1 - term) Q_tgt(s_{t+m}, a*)
+    with m = n_steps or up to the sequence end; mean over kept steps (not the first burn_in
+    of a sequence, unless it starts an episode and fresh_starts)."""
     q, q_next = loop_values(loss.value_network, rnn, td, "action_value")
     target_net = loss.target_value_network or loss.value_network
     tgt_rnn = next(m for m in target_net.modules() if type(m) is type(rnn))
@@ -29,16 +33,32 @@ def _reference(loss, rnn, td, *, double, gamma, burn_in, mask=None, fn="smooth_l
     q_next_tgt = q_next_tgt.reshape_as(q)
     keep = torch.ones(rows.shape, dtype=torch.bool) if mask is None else mask.reshape(rows.shape)
     terms = []
+    n_t = rows.shape[1]
+
+    def boot(i, t):
+        a_star = int(q_next[i, t].argmax()) if double else int(q_next_tgt[i, t].argmax())
+        return float(q_next_tgt[i, t, a_star])
+
+    def seq_end(i, t):
+        return t == n_t - 1 or bool(rows["next", "done"][i, t]) or bool(rows["is_init"][i, t + 1])
+
     for i in range(rows.shape[0]):
-        since_start = 0
+        since_start, exempt = 0, False
         for t in range(rows.shape[1]):
-            if t > 0 and bool(rows["is_init"][i, t]):
+            if t == 0 or bool(rows["is_init"][i, t]):
                 since_start = 0
+                exempt = fresh_starts and int(rows["step_count"][i, t]) == 0
             a = int(rows["action"][i, t])
-            a_star = int(q_next[i, t].argmax()) if double else int(q_next_tgt[i, t].argmax())
-            boot = 0.0 if rows["next", "terminated"][i, t] else float(q_next_tgt[i, t, a_star])
-            y = float(rows["next", "reward"][i, t]) + gamma * boot
-            if since_start >= burn_in and keep[i, t]:
+            y, disc = 0.0, 1.0
+            for s in range(t, t + n_steps):
+                y += disc * float(rows["next", "reward"][i, s])
+                if rows["next", "terminated"][i, s]:
+                    break
+                if s == t + n_steps - 1 or seq_end(i, s):
+                    y += disc * gamma * boot(i, s)
+                    break
+                disc *= gamma
+            if (since_start >= burn_in or exempt) and keep[i, t]:
                 if fn == "smooth_l1":
                     terms.append(F.smooth_l1_loss(q[i, t, a], torch.tensor(y)))
                 else:
@@ -64,6 +84,36 @@ def test_matches_reference(double, burn_in, shape):
     out = loss(td)
     ref = _reference(loss, rnn, td, double=double, gamma=0.9, burn_in=burn_in)
     torch.testing.assert_close(out["loss"], ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("double", [True, False])
+@pytest.mark.parametrize("n_steps", [2, 5])
+@pytest.mark.parametrize("shape", [(20,), (3, 9)])
+def test_n_step_matches_reference(double, n_steps, shape):
+    net, rnn = _net("gru")
+    loss = DQNLoss(net, double_dqn=double, gamma=0.9, burn_in=1, n_steps=n_steps)
+    _perturb_target(loss)
+    td = make_batch(shape, states=rnn.state_keys, seed=6, n_actions=N_ACT)
+    ref = _reference(loss, rnn, td, double=double, gamma=0.9, burn_in=1, n_steps=n_steps)
+    torch.testing.assert_close(loss(td)["loss"], ref, atol=1e-5, rtol=1e-5)
+
+
+def test_n_step_target_by_hand():
+    # Q = 0 everywhere (zero head): the target is the discounted reward sum up to the
+    # sequence end, cut by the slice start at t=3 and the terminal step t=4
+    q = Mod(torch.nn.Linear(1, 2), ["obs"], ["action_value"])
+    torch.nn.init.zeros_(q.module.weight), torch.nn.init.zeros_(q.module.bias)
+    z = torch.zeros(6, 1, dtype=torch.bool)
+    td = TensorDict({
+        "obs": torch.zeros(6, 1), "action": torch.zeros(6, dtype=torch.long),
+        "is_init": z.clone().index_fill_(0, torch.tensor([0, 3]), True),
+        "next": {"obs": torch.zeros(6, 1), "reward": torch.tensor([1.0, 2, 4, 8, 16, 32])[:, None],
+                 "done": z.clone().index_fill_(0, torch.tensor([4, 5]), True),
+                 "terminated": z.clone().index_fill_(0, torch.tensor([4]), True)},
+    }, [6])  # fmt: skip
+    loss = DQNLoss(q, gamma=0.5, n_steps=3, loss_function="l1")
+    # targets: 1 + 1 + 1 = 3, 2 + 2 = 4, 4, 8 + 8 = 16, 16, 32 (|0 - y| averaged)
+    torch.testing.assert_close(loss(td)["loss"], torch.tensor((3 + 4 + 4 + 16 + 16 + 32) / 6))
 
 
 def test_l2_no_target_and_mask():
@@ -106,6 +156,92 @@ def test_burn_in_warms_up_from_stored_state():
     assert not torch.allclose(loss(td3)["loss"], base)
 
 
+@pytest.mark.parametrize("layout", ["flat", "grid", "padded"])
+def test_burned_in_steps_never_reach_the_loss(layout):
+    """The gradient w.r.t. the chosen Q-value (and so the loss's dependence on the target) is
+    zero at the first burn_in steps of every slice, non-zero after; flat ragged, [B, T] and
+    padded slices alike."""
+    net, rnn = _net("lstm")
+    burn_in = 2
+    q_seen = {}
+
+    class Spy(torch.nn.Module):  # keeps the action values to read their gradient
+        def forward(self, x):
+            x = x.clone().requires_grad_(True) if not x.requires_grad else x
+            x.retain_grad()
+            q_seen.setdefault("q", x)
+            return x
+
+    spy = Mod(Spy(), ["action_value"], ["action_value"])
+    from tensordict.nn import TensorDictSequential as Seq
+
+    loss = DQNLoss(Seq(net, spy), burn_in=burn_in, n_steps=2)
+    lengths = [5, 3, 4]  # three slices from stored states
+    td = make_batch((12,), states=rnn.state_keys, seed=7, n_actions=N_ACT)
+    td["next", "done"][:] = False
+    td["next", "terminated"][:] = False
+    td["is_init"][:] = False
+    starts = torch.tensor([0, 5, 8])
+    td["is_init"][starts] = True
+    td["next", "done"][starts[1:] - 1] = True
+    td["next", "done"][-1] = True
+    expect = torch.ones(12, dtype=torch.bool)
+    for start in starts.tolist():
+        expect[start : start + burn_in] = False
+    mask = None
+    if layout == "grid":  # [3, 4]: three slices of 4 steps
+        td, expect = td[:12].reshape(3, 4), torch.tensor([[0, 0, 1, 1]] * 3).bool()
+        td["is_init"][:] = False
+        td["is_init"][:, 0] = True
+        td["next", "done"][:] = False
+        td["next", "done"][:, -1] = True
+    elif layout == "padded":  # [3 * 5] with ("collector", "mask"): 5, 3 and 4 real steps
+        index, real = [], []
+        for start, n in zip(starts.tolist(), lengths, strict=True):
+            index += [start + i if i < n else start for i in range(5)]
+            real += [i < n for i in range(5)]
+        td = td[torch.tensor(index)]
+        mask = torch.tensor(real)
+        td["is_init"] = (torch.arange(15) % 5 == 0).unsqueeze(-1) | ~mask.unsqueeze(-1)
+        td["collector", "mask"] = mask
+        expect = mask & torch.tensor([i % 5 >= burn_in for i in range(15)])
+    out = loss(td)
+    out["loss"].backward()
+    grad = q_seen["q"].grad.abs().sum(-1)
+    assert ((grad > 0) == expect).all()
+    # changing rewards at burned-in steps (the targets there) leaves the loss unchanged
+    td2 = td.clone()
+    td2["next", "reward"][~expect] += 100.0
+    torch.testing.assert_close(loss(td2)["loss"].detach(), out["loss"].detach())
+
+
+def test_burn_in_skips_sequences_that_start_an_episode():
+    # three slices: mid-episode (4 steps), episode start (3 steps), mid-episode (5 steps)
+    q = Mod(torch.nn.Linear(1, 2), ["obs"], ["action_value"])
+    is_init = torch.tensor([1, 0, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0]).bool().unsqueeze(-1)
+    step_count = torch.tensor([5, 6, 7, 8, 0, 1, 2, 3, 4, 5, 6, 7]).unsqueeze(-1)
+    td = TensorDict({"is_init": is_init, "step_count": step_count}, [12])
+    strict = DQNLoss(q, burn_in=2)
+    fresh = DQNLoss(q, burn_in=2, burn_in_episode_starts=False)
+    assert strict._burned_in(td).int().tolist() == [1, 1, 0, 0, 1, 1, 0, 1, 1, 0, 0, 0]
+    assert fresh._burned_in(td).int().tolist() == [1, 1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0]
+    with pytest.raises(KeyError, match="StepCounter"):
+        fresh._burned_in(td.exclude("step_count"))
+    with pytest.raises(KeyError, match="is_init"):
+        strict._burned_in(td.exclude("is_init"))
+
+
+@pytest.mark.parametrize("burn_in", [0, 3])
+def test_fresh_episode_starts_match_reference(burn_in):
+    net, rnn = _net("gru")
+    loss = DQNLoss(net, burn_in=burn_in, n_steps=2, burn_in_episode_starts=False)
+    td = make_batch((2, 10), states=rnn.state_keys, seed=8, n_actions=N_ACT)
+    td["step_count"] = torch.randint(0, 2, (2, 10, 1))  # some sequences start episodes
+    ref = _reference(loss, rnn, td, double=True, gamma=0.99, burn_in=burn_in, n_steps=2,
+                     fresh_starts=True)  # fmt: skip
+    torch.testing.assert_close(loss(td)["loss"], ref, atol=1e-5, rtol=1e-5)
+
+
 def test_gradients_reach_online_not_target():
     net, rnn = _net("lstm")
     loss = DQNLoss(net, burn_in=1)
@@ -141,6 +277,10 @@ def test_errors():
         DQNLoss(q, loss_function="huber")
     with pytest.raises(ValueError, match="burn_in"):
         DQNLoss(q, burn_in=-1)
+    with pytest.raises(ValueError, match="burn_in"):
+        DQNLoss(q, burn_in=1.5)
+    with pytest.raises(ValueError, match="n_steps"):
+        DQNLoss(q, n_steps=0)
     with pytest.raises(ValueError, match="delay_value=True"):
         HardUpdate(DQNLoss(q, delay_value=False))
     with pytest.raises(ValueError, match="tau"):

@@ -10,17 +10,10 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from recurrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from recurrl.trainers import DQNConfig, DQNTrainer, EnvConfig, TrainConfig, load_config
 from recurrl.trainers.cli import main
 from recurrl.trainers.config import field_docs
-from recurrl.trainers.dqn import (
-    EpsilonGreedy,
-    QNetwork,
-    _AnyStartSliceSampler,
-    burn_in_mask,
-    epsilon_at,
-)
+from recurrl.trainers.dqn import EpsilonGreedy, QNetwork, epsilon_at
 from recurrl.trainers.logger import read_metrics
 
 from ._helpers import metric_numbers, parse_train, run_cli
@@ -48,6 +41,8 @@ def test_every_dqn_field_has_a_docstring():
         (lambda: DQNConfig(eps_end=1.5), "eps_end"),
         (lambda: DQNConfig(tau=0.0), "tau"),
         (lambda: DQNConfig(num_slices=0), "num_slices"),
+        (lambda: DQNConfig(n_steps=0), "n_steps"),
+        (lambda: DQNConfig(reward_scale=0.0), "reward_scale"),
         (lambda: DQNConfig(target_update="never"), "target_update"),
         (  # 400 frames / 8 envs = 50 steps per row < 60-step slices
             lambda: TrainConfig(algo="dqn", dqn=DQNConfig(burn_in=20, train_len=40)),
@@ -89,33 +84,35 @@ def test_epsilon_greedy_and_schedule():
     )
 
 
-def test_burn_in_only_where_the_stored_state_is_stale():
-    # three slices: mid-episode (4 steps), episode start (3 steps), mid-episode (5 steps)
-    is_init = torch.tensor([1, 0, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0]).bool().unsqueeze(-1)
-    step_count = torch.tensor([5, 6, 7, 8, 0, 1, 2, 3, 4, 5, 6, 7]).unsqueeze(-1)
-    td = TensorDict({"is_init": is_init, "step_count": step_count}, [12])
-    assert burn_in_mask(td, 2).int().tolist() == [0, 0, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1]
+def test_trainer_wires_burn_in_into_the_loss_and_the_sampler(tmp_path):
+    """Burn-in lives in DQNLoss (episode starts exempt); every replayed slice has a step in
+    the loss (min_slice_len = burn_in + 1) and slices may be cut short at episode ends."""
+    cfg = parse_train(*TINY, "--n-steps", "3", "--run-dir", str(tmp_path))
+    trainer = DQNTrainer(cfg)
+    assert (trainer.loss.burn_in, trainer.loss.n_steps) == (4, 3)
+    assert trainer.loss.burn_in_episode_starts is False
+    sampler = trainer.buffer.sampler
+    assert (sampler.slice_len, sampler.min_slice_len, sampler.strict_length) == (12, 5, False)
+    trainer.collector.shutdown()
 
 
-def test_slices_cover_every_step_of_a_trajectory_equally():
-    # 2 trajectories of 6 and 4 steps, slices of 4 that may start anywhere (cut short at the
-    # trajectory end): trajectory ends are as often inside a slice's tail as inner steps
-    data = TensorDict({
-        "x": torch.arange(10), "is_init": torch.zeros(10, 1, dtype=torch.bool),
-        ("collector", "traj_ids"): torch.tensor([0] * 6 + [1] * 4),
-    }, [10])  # fmt: skip
-    rb = TensorDictReplayBuffer(
-        storage=LazyTensorStorage(10), sampler=_AnyStartSliceSampler(slice_len=4), batch_size=4
-    )
-    rb.extend(data)
-    torch.manual_seed(0)
-    sample = rb.sample(4000)
-    firsts = sample["x"][sample["is_init"].squeeze(-1)]
-    assert set(firsts.tolist()) == set(range(10))  # slices start anywhere ...
-    ids = sample["collector", "traj_ids"]
-    assert (ids[1:] == ids[:-1])[~sample["is_init"].squeeze(-1)[1:]].all()  # ... never cross
-    ends = sample["x"][sample["next", "done"].squeeze(-1)]
-    assert {5, 9} <= set(ends.tolist())
+def test_observation_norm_is_fitted_on_the_warm_up_frames(tmp_path):
+    cfg = parse_train(*TINY, "--run-dir", str(tmp_path))
+    trainer = DQNTrainer(cfg)
+    norm = trainer.model.obs_norm
+    assert (norm.loc == 0).all() and (norm.scale == 1).all()  # identity before learning
+    trainer.train(stop_after=64)
+    assert (norm.loc == 0).all() and not trainer.normalized
+    trainer = DQNTrainer(cfg, resume=True)
+    trainer.train(stop_after=128)  # learning starts at 128 frames: fitted, then frozen
+    obs = trainer.buffer.storage.data["observation"][:128]
+    torch.testing.assert_close(trainer.model.obs_norm.loc, obs.mean(0))
+    torch.testing.assert_close(trainer.model.obs_norm.scale, obs.std(0))
+    target = trainer.loss.target_value_network
+    assert torch.equal(target[0].module.loc, trainer.model.obs_norm.loc)  # target too
+    no_norm = DQNTrainer(parse_train(*TINY, "--no-obs-norm", "--run-dir", str(tmp_path / "b")))
+    no_norm.train()
+    assert (no_norm.model.obs_norm.loc == 0).all()
 
 
 @pytest.mark.parametrize("memory", ["lstm", "gru", "none"])

@@ -57,6 +57,12 @@ class SliceSampler(Sampler):
     - ``strict_length=False``: the same starts, plus the first step of every segment shorter
       than ``slice_len`` (that whole segment is the slice). Output is ragged: total length
       ``<= batch_size``.
+    - ``min_slice_len=m`` (with ``strict_length=False``): every start with at least ``m``
+      steps left in its segment (plus the first step of segments shorter than ``m``); a slice
+      is cut short at its segment's end. ``m = 1`` draws starts uniformly over all stored
+      steps, so every step lies in as many slices as any other (with whole slices only, a
+      trajectory's last step is in one slice and an inner step in ``slice_len``). Off-policy
+      losses with burn-in use ``m = burn_in + 1``: every slice then has a step in the loss.
 
     **Marks** written into the sample (so recurrent modules and value estimators never see
     two slices as one sequence): ``"is_init"`` is True at every slice start (OR-ed with the
@@ -80,6 +86,9 @@ class SliceSampler(Sampler):
         cache_values: accepted for API compatibility; boundaries are always cached.
         truncated_key: key set True at slice ends (``None``: do not mark).
         strict_length: see above.
+        min_slice_len: fewest steps a slice may have, ``1 <= min_slice_len <= slice_len``
+            (``None``: ``slice_len``, whole slices only); below ``slice_len`` it needs
+            ``strict_length=False``. See above.
         compile, span, use_gpu: not supported; only their defaults are accepted.
         pad_output: see above.
         generator: random generator (default: torch's global one).
@@ -123,6 +132,7 @@ class SliceSampler(Sampler):
         use_gpu: bool = False,
         pad_output: bool = False,
         generator: torch.Generator | None = None,
+        min_slice_len: int | None = None,
     ) -> None:
         super().__init__(generator=generator)
         if (num_slices is None) == (slice_len is None):
@@ -133,6 +143,18 @@ class SliceSampler(Sampler):
             )
         _positive("num_slices", num_slices)
         _positive("slice_len", slice_len)
+        _positive("min_slice_len", min_slice_len)
+        if min_slice_len is not None and slice_len is not None and min_slice_len > slice_len:
+            raise ValueError(
+                f"SliceSampler: expected min_slice_len <= slice_len, received min_slice_len="
+                f"{min_slice_len}, slice_len={slice_len}; fix: lower min_slice_len."
+            )
+        if min_slice_len is not None and strict_length and min_slice_len != slice_len:
+            raise ValueError(
+                f"SliceSampler: min_slice_len={min_slice_len} allows slices shorter than "
+                f"slice_len, but strict_length=True asks for whole slices only; fix: pass "
+                "strict_length=False."
+            )
         if end_key is not None and traj_key is not None:
             raise ValueError(
                 f"SliceSampler: expected at most one of end_key / traj_key, received "
@@ -151,6 +173,7 @@ class SliceSampler(Sampler):
         self.cache_values = cache_values
         self.truncated_key = None if truncated_key is None else _key(truncated_key)
         self.strict_length, self.pad_output = strict_length, pad_output
+        self.min_slice_len = min_slice_len
         self._segments: Segments | None = None
         self._mode: str | None = None  # "traj" or "end", resolved from the first data
         self._tail: int | bool | None = None  # id / done flag of the newest step
@@ -248,11 +271,24 @@ class SliceSampler(Sampler):
             self._rebuild(storage)
         return self._segments
 
+    def _min_len(self, slice_len: int) -> int:
+        """Fewest steps a slice may have (``min_slice_len``, else ``slice_len``)."""
+        if self.min_slice_len is None:
+            return slice_len
+        if self.min_slice_len > slice_len:  # slice_len came from num_slices and batch_size
+            raise ValueError(
+                f"SliceSampler: expected min_slice_len <= slice_len, received min_slice_len="
+                f"{self.min_slice_len}, slice_len={slice_len} (batch_size // num_slices); fix: "
+                "lower min_slice_len or raise batch_size."
+            )
+        return self.min_slice_len
+
     def _valid_starts(self, segments: Segments, slice_len: int) -> tuple[np.ndarray, np.ndarray]:
         """Per segment: number of valid starts ``[S]`` and their cumulative sum ``[S]``."""
-        key = (segments.version, slice_len, self.strict_length)
+        min_len = self._min_len(slice_len)
+        key = (segments.version, slice_len, self.strict_length, min_len)
         if self._table is None or self._table[0] != key:
-            counts = segments.lengths - (slice_len - 1)
+            counts = segments.lengths - (min_len - 1)
             np.maximum(counts, 0 if self.strict_length else 1, out=counts)
             self._table = (key, counts, np.cumsum(counts))
         return self._table[1], self._table[2]
@@ -275,8 +311,9 @@ class SliceSampler(Sampler):
         if total == 0:
             longest = int(segments.lengths.max()) if segments.lengths.size else 0
             raise RuntimeError(
-                f"{type(self).__name__}: expected a stored trajectory of at least slice_len="
-                f"{slice_len} steps, received trajectories of at most {longest} steps; fix: "
+                f"{type(self).__name__}: expected a stored trajectory of at least "
+                f"{self._min_len(slice_len)} steps (slice_len={slice_len}, min_slice_len="
+                f"{self.min_slice_len}), received trajectories of at most {longest} steps; fix: "
                 "use strict_length=False, a smaller slice_len, or store more data."
             )
         ranks = self._ranks(total, num_slices)

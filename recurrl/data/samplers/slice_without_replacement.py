@@ -50,11 +50,12 @@ class SliceSamplerWithoutReplacement(SliceSampler):
         pad_output: bool = False,
         drop_last: bool = False,
         generator: torch.Generator | None = None,
+        min_slice_len: int | None = None,
     ) -> None:
         super().__init__(
             num_slices=num_slices, slice_len=slice_len, end_key=end_key, traj_key=traj_key,
             truncated_key=truncated_key, strict_length=strict_length, pad_output=pad_output,
-            generator=generator,
+            generator=generator, min_slice_len=min_slice_len,
         )  # fmt: skip
         self.drop_last = drop_last
         self._perm: Tensor | None = None

@@ -130,6 +130,70 @@ def test_uniform_coverage_of_valid_starts(strict, num_envs):
     assert abs(chi2 - dof) < 6 * (2 * dof) ** 0.5
 
 
+@pytest.mark.parametrize("name", SAMPLERS)
+@pytest.mark.parametrize("pad", [False, True])
+def test_min_slice_len_starts_and_lengths(name, pad):
+    """min_slice_len=m: starts are the steps with >= m steps left in their segment (plus the
+    first step of shorter segments); slices run to slice_len or the segment end."""
+    for seed in range(4):
+        rng = random.Random(seed)
+        slice_len = rng.randint(2, 9)
+        min_len = rng.randint(1, slice_len)
+        sampler = SAMPLERS[name](slice_len=slice_len, strict_length=False, pad_output=pad,
+                                 min_slice_len=min_len)  # fmt: skip
+        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(rng.randint(20, 120)),
+                                    sampler=sampler, batch_size=5 * slice_len)  # fmt: skip
+        collector = FakeCollector(3, 1, 3 * slice_len, seed)
+        for _ in range(6):
+            fill(rb, collector, rng, rng.randint(1, 4))
+            sample = rb.sample()
+            n = sample.batch_size[0] // slice_len if pad else len(split_slices(sample))
+            check_sample(sample, n, slice_len, strict=False, pad=pad)
+            segments = {start: length for start, length in reference_segments(rb.storage)}
+            left = {}  # steps from each stored position to its segment end
+            for start, length in segments.items():
+                for k in range(length):
+                    left[(start + k) % rb.storage.max_size] = length - k
+            valid = reference_starts(rb.storage, min_len, strict=False)
+            real = sample["collector", "mask"] if pad else torch.ones(sample.batch_size, dtype=bool)
+            is_init = sample["is_init"].reshape(-1) & real
+            starts = sample["index"][is_init].tolist()
+            assert set(starts) <= valid
+            lengths = (real.view(n, slice_len).sum(-1).tolist() if pad
+                       else [p.batch_size[0] for p in split_slices(sample)])  # fmt: skip
+            for start, length in zip(starts, lengths, strict=True):
+                assert length == min(slice_len, left[start])
+
+
+def test_min_slice_len_one_starts_uniformly_at_every_step():
+    """m = 1: every stored step is a start, equally often (chi-square within 6 sigma), so a
+    trajectory's last step is in as many slices as an inner step."""
+    torch.manual_seed(0)
+    sampler = SliceSampler(slice_len=4, strict_length=False, min_slice_len=1)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(90), sampler=sampler)
+    fill(rb, FakeCollector(2, 1, 12, 1), random.Random(1), 12)
+    draws = 400 * 90
+    sample = rb.sample(draws * 4)
+    starts = sample["index"][sample["is_init"].reshape(-1)]
+    assert starts.numel() == draws
+    counts = torch.bincount(starts, minlength=90).float()
+    chi2 = float(((counts - draws / 90) ** 2 / (draws / 90)).sum())
+    assert abs(chi2 - 89) < 6 * (2 * 89) ** 0.5
+    covered = torch.zeros(90)  # how many slices hold each step
+    covered.index_add_(0, sample["index"], torch.ones(sample.batch_size[0]))
+    last = sample["index"][sample["next", "done"].reshape(-1)]
+    assert (covered > 0).all() and last.unique().numel() > 1
+
+
+def test_min_slice_len_default_keeps_whole_slices():
+    data = FakeCollector(None, 100, 100, 0).batch(30)
+    for sampler in (SliceSampler(slice_len=5), SliceSampler(slice_len=5, min_slice_len=5)):
+        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(30), sampler=sampler,
+                                    batch_size=500)  # fmt: skip
+        rb.extend(data)
+        assert (rb.sample()["index"].view(-1, 5)[:, 0] <= 25).all()
+
+
 def test_slices_wrap_around_the_storage_end():
     """A trajectory written across position max_size-1 -> 0 is sampled as one time line."""
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10),
@@ -226,6 +290,9 @@ def test_explicit_keys():
         ({"slice_len": 2, "compile": True}, "compile=True is not supported"),
         ({"slice_len": 2, "span": True}, "span=True is not supported"),
         ({"slice_len": 2, "use_gpu": True}, "use_gpu=True is not supported"),
+        ({"slice_len": 2, "min_slice_len": 0, "strict_length": False}, "positive int"),
+        ({"slice_len": 2, "min_slice_len": 3, "strict_length": False}, "min_slice_len <= slice"),
+        ({"slice_len": 4, "min_slice_len": 2}, "strict_length=False"),
     ],
 )
 def test_invalid_arguments(kwargs, match):
@@ -247,4 +314,9 @@ def test_errors_at_use():
                                 sampler=SliceSampler(slice_len=4), batch_size=8)  # fmt: skip
     rb.extend(data)
     with pytest.raises(RuntimeError, match="at most 2 steps"):
+        rb.sample()
+    sampler = SliceSampler(num_slices=2, strict_length=False, min_slice_len=5)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10), sampler=sampler, batch_size=8)
+    rb.extend(data)
+    with pytest.raises(ValueError, match="min_slice_len=5, slice_len=4"):
         rb.sample()
