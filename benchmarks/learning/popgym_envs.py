@@ -13,7 +13,7 @@ popgym 1.0.7's reward code): RepeatPreviousEasy scores 48 of its 51 steps with +
 ``R`` is in [-1, 1] (a uniformly random policy: -0.5); PositionOnlyCartPoleEasy pays 1/200
 per step for at most 200 steps, so ``R`` is in (0, 1].
 
-Run: ``python benchmarks/learning/popgym_envs.py [--seeds 0] [--jobs 2] [--out DIR]``
+Run: ``python benchmarks/learning/popgym_envs.py [--seeds 0 1 2] [--jobs 2] [--out DIR]``
 (``--jobs`` trainings run at once, each with 1 torch thread).
 """
 
@@ -116,7 +116,7 @@ def plot(out: Path, seeds: list[int], image: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--jobs", type=int, default=2, help="trainings run at once")
     parser.add_argument("--episodes", type=int, default=20, help="greedy eval episodes")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-popgym"))
