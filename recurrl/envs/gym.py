@@ -6,7 +6,9 @@ accept leading batch dims, so a vectorized wrapper can reuse them unchanged.
 
 from __future__ import annotations
 
+import importlib
 import pickle
+import sys
 from typing import Any
 
 import gymnasium
@@ -27,9 +29,43 @@ from recurrl.envs.specs import (
     Unbounded,
 )
 
-__all__ = ["GymEnv", "space_to_spec"]
+__all__ = ["ENV_ID_PACKAGES", "GymEnv", "import_env_package", "space_to_spec"]
 
 _RESERVED_KEYS = {"action", "reward", "done", "terminated", "truncated", "next", "_reset"}
+
+
+#: env id prefix -> (module whose import registers those ids, pip requirement providing it)
+ENV_ID_PACKAGES: dict[str, tuple[str, str]] = {
+    "popgym-": ("popgym", "recurrl[popgym]"),
+}
+
+
+def import_env_package(env_id: str) -> None:
+    """Import the package that registers ``env_id`` with gymnasium, if it is not imported.
+
+    Ids of other packages exist only once their package is imported; for the prefixes of
+    :data:`ENV_ID_PACKAGES` (e.g. ``popgym-``) this is done on first use. Other ids are
+    left alone.
+
+    Raises:
+        ModuleNotFoundError: the package is not installed (the message names the extra).
+
+    Examples:
+        >>> import_env_package("CartPole-v1")  # a gymnasium id: nothing to import
+    """
+    for prefix, (module, requirement) in ENV_ID_PACKAGES.items():
+        if not env_id.startswith(prefix) or module in sys.modules:
+            continue
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            if err.name != module:
+                raise
+            raise ModuleNotFoundError(
+                f"env id {env_id!r} comes from the package {module!r}, which is not "
+                f'installed. Fix: pip install "{requirement}"',
+                name=module,
+            ) from err
 
 
 def _torch_dtype(np_dtype: Any) -> torch.dtype:
@@ -141,6 +177,7 @@ def tensor_to_numpy(action: torch.Tensor, space: spaces.Space, spec: TensorSpec)
 
 def _make(env: str | gymnasium.Env, make_kwargs: dict[str, Any]) -> gymnasium.Env:
     if isinstance(env, str):
+        import_env_package(env)
         try:
             return gymnasium.make(env, **make_kwargs)
         except gymnasium.error.UnregisteredEnv as err:

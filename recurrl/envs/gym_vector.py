@@ -23,7 +23,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 from tensordict import TensorDictBase
 
 from recurrl.envs.common import EnvBase
-from recurrl.envs.gym import GymEnv, tensor_to_numpy
+from recurrl.envs.gym import GymEnv, import_env_package, tensor_to_numpy
 from recurrl.envs.utils import get_reset_mask
 
 __all__ = ["GymVecEnv"]
@@ -73,6 +73,7 @@ def _make_vector(
     vector_kwargs: dict[str, Any],
     make_kwargs: dict[str, Any],
 ) -> VectorEnv:
+    import_env_package(env_id)
     try:
         gymnasium.spec(env_id)
     except gymnasium.error.Error as err:

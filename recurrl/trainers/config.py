@@ -80,8 +80,9 @@ class EnvConfig:
     """Which environment to train on, and how many copies step together."""
 
     env: str = "CartPole-masked"
-    """Env id: any registered gymnasium id (e.g. CartPole-v1) or the built-in
-    CartPole-masked (CartPole-v1 with both velocities hidden)."""
+    """Env id: any registered gymnasium id (e.g. CartPole-v1), a popgym-* id (with the
+    popgym extra installed), or the built-in CartPole-masked (CartPole-v1 with both
+    velocities hidden)."""
     num_envs: int = 8
     """Envs stepped together (a gymnasium SyncVectorEnv)."""
     max_episode_steps: int | None = None
@@ -97,7 +98,13 @@ class EnvConfig:
         """The gymnasium id behind :attr:`env` (built-in masked envs resolve to their base)."""
         import gymnasium
 
+        from recurrl.envs.gym import import_env_package
+
         gym_id = MASKED_ENVS[self.env][0] if self.env in MASKED_ENVS else self.env
+        try:
+            import_env_package(gym_id)  # e.g. popgym-* ids need `import popgym`
+        except ModuleNotFoundError as err:
+            raise ValueError(f"EnvConfig: {err}") from err
         try:
             gymnasium.spec(gym_id)
         except gymnasium.error.Error as err:

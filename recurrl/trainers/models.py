@@ -13,9 +13,11 @@ from recurrl.envs import (
     GymEnv,
     InitTracker,
     MaskObservation,
+    OneHotObservation,
     RewardSum,
     StepCounter,
     TransformedEnv,
+    specs,
 )
 from recurrl.modules import MLP, GRUModule, LSTMModule
 from recurrl.trainers.config import EnvConfig, ModelConfig
@@ -29,21 +31,27 @@ def make_env(cfg: EnvConfig, *, num_envs: int | None = None, seed: int | None = 
     """``GymEnv(num_envs=N)`` with the built-in mask (if any), ``InitTracker``, ``StepCounter``
     and ``RewardSum`` (``("next", "episode_reward")`` is the running return).
 
-    The recurrent policies' primers are appended by the collector.
+    A discrete observation (gymnasium ``Discrete`` / ``MultiDiscrete``, e.g. the cards of
+    popgym's RepeatPrevious) is one-hot encoded first (:class:`OneHotObservation`), so the
+    networks always read a flat float vector. The recurrent policies' primers are appended
+    by the collector.
     """
     kwargs = {} if cfg.max_episode_steps is None else {"max_episode_steps": cfg.max_episode_steps}
     n = cfg.num_envs if num_envs is None else num_envs
     base = GymEnv(cfg.gym_id(), num_envs=n, seed=seed, **kwargs)
     obs = base.observation_spec.get(OBS_KEY, None)
-    if obs is None or obs.ndim != 2 or not obs.dtype.is_floating_point:
-        base.close()
-        raise ValueError(
-            f"recurrl train: expected a flat float vector observation ([num_envs, F]), "
-            f"{cfg.env!r} gives {obs}. Fix: flatten it with a gymnasium wrapper and register "
-            f"the wrapped env under a new id."
-        )
     mask = cfg.mask()
     transforms = [MaskObservation(mask)] if mask is not None else []
+    discrete = isinstance(obs, specs.Categorical) and obs.ndim == 1
+    if discrete or (isinstance(obs, specs.MultiCategorical) and obs.ndim == 2):
+        transforms.append(OneHotObservation())
+    elif obs is None or obs.ndim != 2 or not obs.dtype.is_floating_point:
+        base.close()
+        raise ValueError(
+            f"recurrl train: expected a flat float vector observation ([num_envs, F]) or a "
+            f"discrete one, {cfg.env!r} gives {obs}. Fix: flatten it with a gymnasium wrapper "
+            f"and register the wrapped env under a new id."
+        )
     transforms += [InitTracker(), StepCounter(), RewardSum()]
     return TransformedEnv(base, Compose(*transforms))
 

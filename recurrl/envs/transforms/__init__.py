@@ -2,6 +2,7 @@
 
 from recurrl.envs.transforms.init_tracker import InitTracker
 from recurrl.envs.transforms.mask_observation import MaskObservation
+from recurrl.envs.transforms.one_hot_observation import OneHotObservation
 from recurrl.envs.transforms.previous_action import PreviousAction
 from recurrl.envs.transforms.previous_reward import PreviousReward
 from recurrl.envs.transforms.primer import TensorDictPrimer
@@ -13,6 +14,7 @@ __all__ = [
     "Compose",
     "InitTracker",
     "MaskObservation",
+    "OneHotObservation",
     "PreviousAction",
     "PreviousReward",
     "RewardSum",
