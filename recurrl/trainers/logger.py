@@ -159,10 +159,10 @@ def plot_seed_bands(
     ax.set_ylabel("training return (last 20 episodes)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left")
+    ax.legend(loc="lower right")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80, bbox_inches="tight")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return path
 
