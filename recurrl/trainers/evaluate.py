@@ -61,7 +61,7 @@ def evaluate(
         model.load_state_dict(state["model"])
         policy = model.policy(epsilon=0.0 if deterministic else cfg.dqn.eps_end)
     else:
-        model = ActorCritic(cfg.model, obs_dim, env.action_spec.n)
+        model = ActorCritic(cfg.model, obs_dim, env.action_spec.n, obs_scale=cfg.ppo.obs_scale)
         model.load_state_dict(state["model"])
         policy = model.policy(deterministic)
     model.eval()

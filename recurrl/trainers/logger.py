@@ -11,7 +11,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["METRICS", "MetricsLogger", "plot_learning_curve", "read_metrics"]
+__all__ = [
+    "METRICS",
+    "MetricsLogger",
+    "plot_learning_curve",
+    "plot_seed_bands",
+    "read_metrics",
+    "seed_band",
+]
 
 METRICS = "metrics.csv"
 PLOT = "learning_curve.png"
@@ -86,8 +93,7 @@ def _summary_writer(run_dir: Path) -> Any:
     return SummaryWriter(log_dir=str(run_dir))
 
 
-def plot_learning_curve(run_dir: Path | str, title: str = "") -> Path | None:
-    """Save ``run_dir/learning_curve.png`` (return vs frames); ``None`` without matplotlib."""
+def _pyplot() -> Any:
     try:
         import matplotlib
 
@@ -95,6 +101,76 @@ def plot_learning_curve(run_dir: Path | str, title: str = "") -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         print("note: matplotlib is not installed; no learning-curve plot.")
+        return None
+    return plt
+
+
+def _curve(run_dir: Path | str) -> dict[int, float]:
+    """``{frames: recent_return}`` of a run (batches before the first episode end left out)."""
+    return {
+        int(r["frames"]): float(r["recent_return"])
+        for r in read_metrics(run_dir)
+        if r.get("recent_return")
+    }
+
+
+def seed_band(
+    run_dirs: list[Path | str],
+) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Frames, and the mean, min and max over ``run_dirs`` of the recent training return at
+    the frame counts every run logged."""
+    curves = [_curve(d) for d in run_dirs]
+    if not curves or not all(curves):
+        raise ValueError(f"seed_band: no metrics.csv rows with a return in {list(run_dirs)}.")
+    frames = sorted(set.intersection(*(set(c) for c in curves)))
+    values = [[c[f] for c in curves] for f in frames]
+    return (
+        frames, [sum(v) / len(v) for v in values], [min(v) for v in values],
+        [max(v) for v in values],
+    )  # fmt: skip
+
+
+def plot_seed_bands(
+    groups: dict[str, list[Path | str]], path: Path | str, *, title: str = "",
+    target: float | None = None,
+) -> Path | None:  # fmt: skip
+    """One figure of the recent training return vs frames: per group (label -> its runs,
+    e.g. one per seed) the mean over runs with a min/max band. ``None`` without matplotlib.
+
+    Args:
+        groups: ``{label: run directories}``; a group of one run is a plain line.
+        path: the PNG to write (its directory is created).
+        title: figure title.
+        target: draw a dashed horizontal line at this return.
+    """
+    plt = _pyplot()
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for label, run_dirs in groups.items():
+        frames, mean, low, high = seed_band(run_dirs)
+        n = len(run_dirs)
+        (line,) = ax.plot(frames, mean, label=f"{label} ({n} seed{'s' * (n > 1)})")
+        if n > 1:
+            ax.fill_between(frames, low, high, color=line.get_color(), alpha=0.2, lw=0)
+    if target is not None:
+        ax.axhline(target, color="grey", ls="--", lw=1)
+    ax.set_xlabel("frames")
+    ax.set_ylabel("training return (last 20 episodes)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_learning_curve(run_dir: Path | str, title: str = "") -> Path | None:
+    """Save ``run_dir/learning_curve.png`` (return vs frames); ``None`` without matplotlib."""
+    plt = _pyplot()
+    if plt is None:
         return None
     rows = [r for r in read_metrics(run_dir) if r.get("recent_return")]
     fig, ax = plt.subplots(figsize=(6, 4))

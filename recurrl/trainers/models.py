@@ -96,8 +96,23 @@ def _trunk(cfg: ModelConfig, obs_dim: int, name: str, obs_key: str = OBS_KEY) ->
     return Mod(mlp, in_keys=[obs_key], out_keys=[out])
 
 
+class ObsScale(nn.Module):
+    """``x -> scale * x`` (no parameters)."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
+
+
 class ActorCritic(nn.Module):
     """Actor (trunk + logits head) and critic (trunk + value head) of a discrete policy.
+
+    Args:
+        obs_scale: with a value other than 1, both trunks read ``"scaled_observation"`` =
+            ``obs_scale * "observation"``.
 
     Attributes:
         actor: writes ``"logits"`` ``[*B, n_actions]``.
@@ -108,23 +123,28 @@ class ActorCritic(nn.Module):
     :class:`CategoricalSampler` writing ``"action"`` and ``"sample_log_prob"``.
     """
 
-    def __init__(self, cfg: ModelConfig, obs_dim: int, n_actions: int) -> None:
+    def __init__(
+        self, cfg: ModelConfig, obs_dim: int, n_actions: int, *, obs_scale: float = 1.0
+    ) -> None:
         super().__init__()
         width = cfg.hidden_size
-        actor_trunk = _trunk(cfg, obs_dim, "actor")
-        critic_trunk = actor_trunk if cfg.shared_trunk else _trunk(cfg, obs_dim, "critic")
+        key = OBS_KEY if obs_scale == 1.0 else "scaled_observation"
+        pre = [] if key == OBS_KEY else [Mod(ObsScale(obs_scale), [OBS_KEY], [key])]
+        actor_trunk = _trunk(cfg, obs_dim, "actor", key)
+        critic_trunk = actor_trunk if cfg.shared_trunk else _trunk(cfg, obs_dim, "critic", key)
         a_feat, c_feat = actor_trunk.out_keys[0], critic_trunk.out_keys[0]
         self.actor = Seq(
-            actor_trunk, Mod(MLP(width, n_actions, num_cells=width), [a_feat], ["logits"])
+            *pre, actor_trunk, Mod(MLP(width, n_actions, num_cells=width), [a_feat], ["logits"])
         )
         self.critic = Seq(
-            critic_trunk, Mod(MLP(width, 1, num_cells=width), [c_feat], ["state_value"])
+            *pre, critic_trunk, Mod(MLP(width, 1, num_cells=width), [c_feat], ["state_value"])
         )
+        self._critic_trunk_at = len(pre)  # index of the critic's trunk in self.critic
         self._carry_critic = cfg.memory != "none" and not cfg.shared_trunk
 
     def policy(self, deterministic: bool = False) -> Seq:
         """The acting module; ``deterministic`` takes the most likely action."""
         sampler = Mod(CategoricalSampler(deterministic), ["logits"], ["action", "sample_log_prob"])
         if self._carry_critic and not deterministic:
-            return Seq(self.actor, self.critic[0], sampler)
+            return Seq(self.actor, self.critic[self._critic_trunk_at], sampler)
         return Seq(self.actor, sampler)

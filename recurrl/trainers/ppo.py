@@ -88,7 +88,8 @@ class PPOTrainer:
         self.env = make_env(cfg.env, seed=cfg.run.seed)
         obs_dim = self.env.observation_spec["observation"].shape[-1]
         n_actions = self.env.action_spec.n
-        self.model = ActorCritic(cfg.model, obs_dim, n_actions).to(self.device)
+        self.model = ActorCritic(cfg.model, obs_dim, n_actions, obs_scale=cfg.ppo.obs_scale)
+        self.model = self.model.to(self.device)
         p = cfg.ppo
         self.gae = GAE(p.gamma, p.gae_lambda, self.model.critic)
         self.loss = ClipPPOLoss(
@@ -111,11 +112,17 @@ class PPOTrainer:
         )
 
     # ------------------------------------------------------------------ one batch
-    def _set_lr(self) -> None:
-        if self.cfg.ppo.anneal_lr:
-            frac = 1.0 - self.collector.frames / self.cfg.ppo.frames
+    def _set_schedules(self) -> None:
+        """Learning rate and entropy weight of the next batch (functions of the frames done,
+        so a resumed run follows the same schedule)."""
+        p = self.cfg.ppo
+        progress = self.collector.frames / p.frames
+        if p.anneal_lr:
             for group in self.optimizer.param_groups:
-                group["lr"] = self.cfg.ppo.lr * frac
+                group["lr"] = p.lr * (1.0 - progress)
+        if p.entropy_coef_end is not None:
+            coef = p.entropy_coef + (p.entropy_coef_end - p.entropy_coef) * progress
+            self.loss.entropy_coef = coef
 
     def update(self, batch: TensorDictBase) -> dict[str, float]:
         """GAE on ``batch`` then ``epochs`` of minibatch updates; returns mean diagnostics."""
@@ -152,7 +159,7 @@ class PPOTrainer:
         start_frames = self.collector.frames
         limit = cfg.ppo.frames if stop_after is None else min(stop_after, cfg.ppo.frames)
         while self.collector.frames < limit:
-            self._set_lr()
+            self._set_schedules()
             lr = self.optimizer.param_groups[0]["lr"]
             batch = self.collector.rollout()
             returns = _episode_returns(batch)
@@ -168,6 +175,7 @@ class PPOTrainer:
                 "episode_return": sum(returns) / len(returns) if returns else math.nan,
                 "recent_return": sum(self.recent) / len(self.recent) if self.recent else math.nan,
                 "lr": lr,
+                "entropy_coef": self.loss.entropy_coef,
                 **stats,
                 "fps": (frames - start_frames) / max(elapsed, 1e-9),
                 "time_s": elapsed,

@@ -55,3 +55,57 @@ def test_actor_critic_keys_and_shared_trunk():
     assert shared.actor[0] is shared.critic[0]
     n_shared = sum(p.numel() for p in shared.parameters())
     assert n_shared < sum(p.numel() for p in separate.parameters())
+
+
+def _trainer(tmp_path, **ppo):
+    from recurrl.trainers.config import EnvConfig, PPOConfig, RunConfig, TrainConfig
+    from recurrl.trainers.ppo import PPOTrainer
+
+    cfg = TrainConfig(
+        env=EnvConfig(num_envs=2),
+        model=ModelConfig(hidden_size=8),
+        ppo=PPOConfig(frames=400, frames_per_batch=100, num_minibatches=2, **ppo),
+        run=RunConfig(run_dir=str(tmp_path), tensorboard=False, plot=False, quiet=True),
+    )
+    return PPOTrainer(cfg)
+
+
+def test_entropy_weight_and_lr_follow_linear_schedules(tmp_path):
+    trainer = _trainer(tmp_path, lr=1e-3, entropy_coef=0.02, entropy_coef_end=0.0)
+    seen = []
+    for frames in (0, 100, 300):
+        trainer.collector.frames = frames
+        trainer._set_schedules()
+        seen.append((trainer.optimizer.param_groups[0]["lr"], trainer.loss.entropy_coef))
+    expected = [(1e-3, 0.02), (0.75e-3, 0.015), (0.25e-3, 0.005)]
+    assert torch.allclose(
+        torch.tensor(seen, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64)
+    )
+
+
+def test_entropy_weight_is_constant_without_an_end_value(tmp_path):
+    trainer = _trainer(tmp_path, entropy_coef=0.03, entropy_coef_end=None, anneal_lr=False)
+    trainer.collector.frames = 300
+    trainer._set_schedules()
+    assert trainer.loss.entropy_coef == 0.03
+    assert trainer.optimizer.param_groups[0]["lr"] == trainer.cfg.ppo.lr
+
+
+def test_obs_scale_multiplies_what_both_trunks_read():
+    torch.manual_seed(0)
+    plain = ActorCritic(ModelConfig(hidden_size=8), obs_dim=2, n_actions=2)
+    scaled = ActorCritic(ModelConfig(hidden_size=8), obs_dim=2, n_actions=2, obs_scale=10.0)
+    for net in ("actor", "critic"):  # same trunk and head; the scale comes first
+        for i in range(2):
+            getattr(scaled, net)[i + 1].load_state_dict(getattr(plain, net)[i].state_dict())
+    obs = torch.randn(5, 2)
+    td = TensorDict({"observation": obs, "is_init": torch.ones(5, 1).bool()}, [5])
+    ref = plain.policy()(td.clone().set("observation", obs * 10.0))
+    out = scaled.policy()(td.clone())
+    assert torch.equal(out["scaled_observation"], obs * 10.0)
+    assert torch.allclose(out["logits"], ref["logits"])
+    assert torch.allclose(out[("next", "critic_h")], ref[("next", "critic_h")])
+    values = scaled.critic(td.clone())["state_value"]
+    assert torch.allclose(
+        values, plain.critic(td.clone().set("observation", obs * 10.0))["state_value"]
+    )
