@@ -31,14 +31,18 @@ TARGET = 450.0
 LABELS = {"lstm": "PPO-LSTM", "gru": "PPO-GRU", "none": "PPO feed-forward"}
 
 
-def run_path(out: Path, memory: str, seed: int) -> Path:
+def run_path(out: Path, memory: str, seed: int, algo: str = "ppo") -> Path:
     """The run directory of one (memory, seed) pair under ``out``."""
-    return out / f"{memory}-s{seed}"
+    return out / (f"{memory}-s{seed}" if algo == "ppo" else f"{algo}-{memory}-s{seed}")
 
 
-def run(memory: str, seed: int, out: Path, extra: list[str], episodes: int) -> str:
-    run_dir = run_path(out, memory, seed)
-    argv = ["train", "--memory", memory, "--seed", str(seed), "--run-dir", str(run_dir)]
+def run(
+    memory: str, seed: int, out: Path, extra: list[str], episodes: int, algo: str = "ppo"
+) -> str:
+    """Train one run of ``recurrl train --algo ALGO``, evaluate it greedily; one table row."""
+    run_dir = run_path(out, memory, seed, algo)
+    argv = ["train", "--algo", algo, "--memory", memory, "--seed", str(seed),
+            "--run-dir", str(run_dir)]  # fmt: skip
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
         recurrl([*argv, "--quiet", *extra])
@@ -54,10 +58,26 @@ def run(memory: str, seed: int, out: Path, extra: list[str], episodes: int) -> s
     )
 
 
+def split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(own options, options after "--" for recurrl train)``."""
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]
+
+
+def table(args: argparse.Namespace, extra: list[str], algo: str = "ppo") -> None:
+    """Train and evaluate every (memory, seed) pair; print one table row per run."""
+    print("| memory | seed | frames | train return (last 20 ep.) | best | frames to 450 "
+          "| greedy eval | wall |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for memory in args.memory:
+        for seed in args.seeds:
+            print(run(memory, seed, args.out, extra, args.episodes, algo), flush=True)
+
+
 def main() -> int:
-    argv = sys.argv[1:]
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    argv = argv[: argv.index("--")] if "--" in argv else argv
+    argv, extra = split_extra(sys.argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--memory", nargs="+", default=["lstm", "gru", "none"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -86,16 +106,6 @@ def main() -> int:
                         target=TARGET)  # fmt: skip
         print(f"figure: {args.plot}")
     return 0
-
-
-def table(args: argparse.Namespace, extra: list[str]) -> None:
-    """Train and evaluate every (memory, seed) pair; print one table row per run."""
-    print("| memory | seed | frames | train return (last 20 ep.) | best | frames to 450 "
-          "| greedy eval | wall |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
-    for memory in args.memory:
-        for seed in args.seeds:
-            print(run(memory, seed, args.out, extra, args.episodes), flush=True)
 
 
 if __name__ == "__main__":

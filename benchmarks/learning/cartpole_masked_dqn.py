@@ -12,56 +12,21 @@ Run: ``python benchmarks/learning/cartpole_masked_dqn.py [--memory lstm gru]
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import statistics
 import sys
-import time
 from pathlib import Path
 
-from recurrl.trainers import evaluate
-from recurrl.trainers.cli import main as recurrl
-from recurrl.trainers.logger import read_metrics
-
-TARGET = 450.0
-
-
-def run(memory: str, seed: int, out: Path, extra: list[str], episodes: int) -> str:
-    """Train one DQN run, evaluate it greedily; one markdown table row."""
-    run_dir = out / f"dqn-{memory}-s{seed}"
-    argv = ["train", "--algo", "dqn", "--memory", memory, "--seed", str(seed),
-            "--run-dir", str(run_dir)]  # fmt: skip
-    start = time.perf_counter()
-    with contextlib.redirect_stdout(io.StringIO()):
-        recurrl([*argv, "--quiet", *extra])
-    wall = time.perf_counter() - start
-    rows = [r for r in read_metrics(run_dir) if r["recent_return"]]
-    curve = [(int(r["frames"]), float(r["recent_return"])) for r in rows]
-    reached = next((f for f, v in curve if v >= TARGET), None)
-    returns = evaluate(run_dir, episodes=episodes)
-    return (
-        f"| {memory} | {seed} | {curve[-1][0]} | {curve[-1][1]:.0f} | "
-        f"{max(v for _, v in curve):.0f} | {reached or '-'} | "
-        f"{statistics.fmean(returns):.1f} ± {statistics.pstdev(returns):.1f} | {wall:.0f} s |"
-    )
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cartpole_masked import split_extra, table
 
 
 def main() -> int:
-    argv = sys.argv[1:]
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    argv = argv[: argv.index("--")] if "--" in argv else argv
+    argv, extra = split_extra(sys.argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--memory", nargs="+", default=["lstm", "gru"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--episodes", type=int, default=20, help="greedy eval episodes")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-cartpole-masked-dqn"))
-    args = parser.parse_args(argv)
-    print("| memory | seed | frames | train return (last 20 ep.) | best | frames to 450 "
-          "| greedy eval | wall |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
-    for memory in args.memory:
-        for seed in args.seeds:
-            print(run(memory, seed, args.out, extra, args.episodes), flush=True)
+    table(parser.parse_args(argv), extra, algo="dqn")
     return 0
 
 
