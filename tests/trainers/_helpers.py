@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from recurrl.trainers.cli import build_parser, config_from_args, main
 from recurrl.trainers.config import TrainConfig
 from recurrl.trainers.logger import read_metrics
@@ -24,3 +26,17 @@ def run_cli(capsys, *argv: str) -> list[str]:
 def metric_numbers(run_dir) -> list[dict[str, str]]:
     """``metrics.csv`` rows without the timing columns."""
     return [{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(run_dir)]
+
+
+def check_resume_replays(capsys, tmp_path, argv: list[str], trainer_cls, stop_after: int) -> None:
+    """Train ``argv`` uninterrupted, and again stopped after the checkpoint at ``stop_after``
+    frames then ``recurrl train --resume``: both runs must log the same numbers."""
+    run_cli(capsys, "train", *argv, "--run-dir", str(tmp_path / "full"))
+    cfg = parse_train(*argv, "--run-dir", str(tmp_path / "cut"))
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "config.json").write_text(json.dumps(cfg.to_dict()))
+    trainer_cls(cfg).train(stop_after=stop_after)
+    assert len(read_metrics(tmp_path / "cut")) == 2
+    lines = run_cli(capsys, "train", "--resume", str(tmp_path / "cut"))
+    assert lines[-1] == str(tmp_path / "cut")
+    assert metric_numbers(tmp_path / "cut") == metric_numbers(tmp_path / "full")

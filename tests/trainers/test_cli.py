@@ -11,7 +11,7 @@ from recurrl.trainers import PPOTrainer, load_config
 from recurrl.trainers.cli import main
 from recurrl.trainers.logger import read_metrics
 
-from ._helpers import metric_numbers, parse_train, run_cli
+from ._helpers import check_resume_replays, metric_numbers, parse_train, run_cli
 
 # 2 envs x 64 steps per batch, 2 batches: about a second per run
 TINY = [
@@ -92,16 +92,7 @@ def test_same_seed_same_numbers(tmp_path, capsys):
 )
 def test_resume_replays_the_uninterrupted_run(tmp_path, capsys, extra):
     argv = [*TINY, "--frames", "512", "--checkpoint-every", "256", *extra]
-    run_cli(capsys, "train", *argv, "--run-dir", str(tmp_path / "full"))
-    # interrupted: stopped after the checkpoint at 256 frames, then `--resume`
-    cfg = parse_train(*argv, "--run-dir", str(tmp_path / "cut"))
-    (tmp_path / "cut").mkdir()
-    (tmp_path / "cut" / "config.json").write_text(json.dumps(cfg.to_dict()))
-    PPOTrainer(cfg).train(stop_after=256)
-    assert len(read_metrics(tmp_path / "cut")) == 2
-    lines = run_cli(capsys, "train", "--resume", str(tmp_path / "cut"))
-    assert lines[-1] == str(tmp_path / "cut")
-    assert metric_numbers(tmp_path / "cut") == metric_numbers(tmp_path / "full")
+    check_resume_replays(capsys, tmp_path, argv, PPOTrainer, stop_after=256)
 
 
 def test_resume_with_more_frames_continues(tmp_path, capsys):

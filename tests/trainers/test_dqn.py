@@ -16,7 +16,7 @@ from recurrl.trainers.config import field_docs
 from recurrl.trainers.dqn import EpsilonGreedy, QNetwork, epsilon_at
 from recurrl.trainers.logger import read_metrics
 
-from ._helpers import metric_numbers, parse_train, run_cli
+from ._helpers import check_resume_replays, metric_numbers, parse_train, run_cli
 
 # 2 envs x 32 steps per batch, 4 batches, updates from the second batch: about a second
 TINY = [
@@ -157,15 +157,7 @@ def test_same_seed_same_numbers(tmp_path, capsys):
                                         "--hard-update-interval", "3"]])  # fmt: skip
 def test_resume_replays_the_uninterrupted_run(tmp_path, capsys, extra):
     argv = [*TINY, "--checkpoint-every", "128", *extra]
-    run_cli(capsys, "train", *argv, "--run-dir", str(tmp_path / "full"))
-    # interrupted after the checkpoint at 128 frames (replay buffer inside), then `--resume`
-    cfg = parse_train(*argv, "--run-dir", str(tmp_path / "cut"))
-    (tmp_path / "cut").mkdir()
-    (tmp_path / "cut" / "config.json").write_text(json.dumps(cfg.to_dict()))
-    DQNTrainer(cfg).train(stop_after=128)
-    assert len(read_metrics(tmp_path / "cut")) == 2
-    lines = run_cli(capsys, "train", "--resume", str(tmp_path / "cut"))
-    assert lines[-1] == str(tmp_path / "cut")
-    assert metric_numbers(tmp_path / "cut") == metric_numbers(tmp_path / "full")
+    # the checkpoint at 128 frames holds the replay buffer too
+    check_resume_replays(capsys, tmp_path, argv, DQNTrainer, stop_after=128)
     with pytest.raises(SystemExit):  # a DQN run cannot be resumed as PPO
         main(["train", "--resume", str(tmp_path / "cut"), "--algo", "ppo"])

@@ -1,6 +1,8 @@
-"""Private helpers shared by the per-env-state transforms (counters, sums, previous inputs)."""
+"""Private helpers shared by the transforms (per-env state, derived observations)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from tensordict import NestedKey, TensorDictBase
@@ -59,3 +61,23 @@ def check_free(transform: Transform, spec: Composite, key: NestedKey, spec_name:
             f"{type(transform).__name__}: the env already declares {key!r} in its "
             f"{spec_name}. Fix: choose another out key, or add the transform once."
         )
+
+
+def derive_observation(
+    transform: Transform,
+    observation_spec: Composite,
+    in_key: NestedKey,
+    out_key: NestedKey,
+    derive: Callable[[TensorSpec], TensorSpec],
+) -> Composite:
+    """Declare ``out_key`` as ``derive(spec of in_key)`` (an observation rewritten in place or
+    into a new key); errors name the missing input or the already declared output."""
+    if in_key not in observation_spec:
+        raise KeyError(
+            f"{type(transform).__name__}: the env has no observation {in_key!r}; observation "
+            f"keys: {observation_spec.keys(include_nested=True, leaves_only=True)}."
+        )
+    if out_key != in_key:
+        check_free(transform, observation_spec, out_key, "observation_spec")
+    observation_spec[out_key] = derive(observation_spec[in_key])
+    return observation_spec

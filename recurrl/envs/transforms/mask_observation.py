@@ -8,7 +8,7 @@ import torch
 from tensordict import NestedKey, TensorDictBase
 
 from recurrl.envs.specs import Binary, Bounded, Composite, MultiCategorical, TensorSpec, Unbounded
-from recurrl.envs.transforms._helpers import check_free
+from recurrl.envs.transforms._helpers import derive_observation
 from recurrl.envs.transforms.transform import Transform
 
 __all__ = ["MaskObservation"]
@@ -93,15 +93,9 @@ class MaskObservation(Transform):
         )
 
     def transform_observation_spec(self, observation_spec: Composite) -> Composite:
-        if self.in_key not in observation_spec:
-            raise KeyError(
-                f"MaskObservation: the env has no observation {self.in_key!r}; observation "
-                f"keys: {observation_spec.keys(include_nested=True, leaves_only=True)}."
-            )
-        if self.out_key != self.in_key:
-            check_free(self, observation_spec, self.out_key, "observation_spec")
-        observation_spec[self.out_key] = self._select_spec(observation_spec[self.in_key])
-        return observation_spec
+        return derive_observation(
+            self, observation_spec, self.in_key, self.out_key, self._select_spec
+        )
 
     def extra_repr(self) -> str:
         return f"keep={self.keep.tolist()}, in_key={self.in_key!r}, out_key={self.out_key!r}"

@@ -6,7 +6,7 @@ import torch
 from tensordict import NestedKey, TensorDictBase
 
 from recurrl.envs.specs import Bounded, Categorical, Composite, MultiCategorical, TensorSpec
-from recurrl.envs.transforms._helpers import check_free
+from recurrl.envs.transforms._helpers import derive_observation
 from recurrl.envs.transforms.transform import Transform
 
 __all__ = ["OneHotObservation"]
@@ -97,15 +97,9 @@ class OneHotObservation(Transform):
         return Bounded(0.0, 1.0, shape=shape, device=spec.device, dtype=self.dtype)
 
     def transform_observation_spec(self, observation_spec: Composite) -> Composite:
-        if self.in_key not in observation_spec:
-            raise KeyError(
-                f"OneHotObservation: the env has no observation {self.in_key!r}; observation "
-                f"keys: {observation_spec.keys(include_nested=True, leaves_only=True)}."
-            )
-        if self.out_key != self.in_key:
-            check_free(self, observation_spec, self.out_key, "observation_spec")
-        observation_spec[self.out_key] = self._one_hot_spec(observation_spec[self.in_key])
-        return observation_spec
+        return derive_observation(
+            self, observation_spec, self.in_key, self.out_key, self._one_hot_spec
+        )
 
     def extra_repr(self) -> str:
         return f"in_key={self.in_key!r}, out_key={self.out_key!r}, dtype={self.dtype}"
