@@ -1,17 +1,22 @@
 """Recurrent-mode forward+backward of LSTMModule/GRUModule against plain torch RNNs.
 
 B=32 sequences of T=64 steps, F=16 input features, H in {64, 256}; resets: none, or random
-with mean episode length 16 and 4. The reference is plain ``torch.nn.LSTM``/``nn.GRU`` on the
-same batch WITHOUT resets (it cannot handle them): the ratio says what honouring resets, the
-TensorDict plumbing and the backend cost on top of the fused torch kernel.
+with mean episode length 16 and 4. The state stored at a restart inside a row is either zero
+(``restart=zero``: what a collector stores, since the primer writes zeros at every episode
+start; the ``[B, T]`` batches PPO trains on) or random (``restart=random``: a slice sampled
+mid-episode, as in the flat output of ``SliceSampler``). The reference is plain
+``torch.nn.LSTM``/``nn.GRU`` on the same batch WITHOUT resets (it cannot handle them): the ratio
+says what honouring resets, the TensorDict plumbing and the backend cost on top of the fused
+torch kernel.
 
-Run: ``python benchmarks/recurrent_mode.py [--threads N]``
+Run: ``python benchmarks/recurrent_mode.py [--threads N] [--cpu-time]``
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -25,7 +30,7 @@ from recurrl.modules import GRUModule, LSTMModule, set_recurrent_mode
 B, T, F = 32, 64, 16
 
 
-def make_batch(kind: str, hidden: int, mean_episode: int | None) -> TensorDict:
+def make_batch(kind: str, hidden: int, mean_episode: int | None, restart: str) -> TensorDict:
     g = torch.Generator().manual_seed(0)
     if mean_episode is None:
         is_init = torch.zeros(B, T, 1, dtype=torch.bool)
@@ -33,12 +38,20 @@ def make_batch(kind: str, hidden: int, mean_episode: int | None) -> TensorDict:
         is_init = torch.rand(B, T, 1, generator=g) < 1.0 / mean_episode
     data = {"obs": torch.randn(B, T, F, generator=g), "is_init": is_init}
     names = ["h", "c"] if kind == "lstm" else ["h"]
+    inside = is_init.clone()
+    inside[:, 0] = False
     for name in names:
-        data[name] = torch.randn(B, T, 1, hidden, generator=g) * 0.1
+        state = torch.randn(B, T, 1, hidden, generator=g) * 0.1
+        if restart == "zero":
+            state[inside.squeeze(-1)] = 0.0
+        data[name] = state
     return TensorDict(data, batch_size=[B, T])
 
 
-def run(hidden_sizes: list[int], rounds: int) -> list[str]:
+CASES = [(None, "random"), (16, "zero"), (16, "random"), (4, "zero"), (4, "random")]
+
+
+def run(hidden_sizes: list[int], rounds: int, clock=time.perf_counter) -> list[str]:
     rows = []
     for kind in ("lstm", "gru"):
         for hidden in hidden_sizes:
@@ -63,8 +76,8 @@ def run(hidden_sizes: list[int], rounds: int) -> list[str]:
             def plain_fn(plain=plain, x=x):
                 plain(x)[0].sum().backward()
 
-            for mean_episode in (None, 16, 4):
-                td = make_batch(kind, hidden, mean_episode)
+            for mean_episode, restart in CASES:
+                td = make_batch(kind, hidden, mean_episode, restart)
                 fns = {"plain": plain_fn}
                 for backend, module in modules.items():
 
@@ -74,11 +87,12 @@ def run(hidden_sizes: list[int], rounds: int) -> list[str]:
                         out["out"].sum().backward()
 
                     fns[backend] = fn
-                times = compare(fns, rounds=rounds)
+                times = compare(fns, rounds=rounds, clock=clock)
                 resets = "none" if mean_episode is None else f"ep~{mean_episode}"
+                resets += "" if mean_episode is None else f" restart={restart}"
                 ratios = "  ".join(f"{b}={times[b] / times['plain']:.2f}x" for b in modules)
                 rows.append(
-                    f"{kind.upper():4} H={hidden:<4} resets={resets:6} "
+                    f"{kind.upper():4} H={hidden:<4} resets={resets:20} "
                     f"plain={times['plain'] * 1e3:7.2f}ms  {ratios}"
                 )
                 print(rows[-1], flush=True)
@@ -90,11 +104,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--hidden", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time the CPU time of the calling thread instead of wall time (with --threads 1: "
+        "steadier on a shared machine, where other processes take the core away)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.cpu_time and torch.get_num_threads() != 1:
+        parser.error("--cpu-time counts the calling thread only: use it with --threads 1")
     print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, B={B} T={T} F={F}")
-    run(args.hidden, args.rounds)
+    run(args.hidden, args.rounds, time.thread_time if args.cpu_time else time.perf_counter)
 
 
 if __name__ == "__main__":

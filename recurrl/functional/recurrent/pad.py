@@ -26,7 +26,8 @@ import torch
 from torch import Tensor
 
 from recurrl.functional.recurrent.config import RNNConfig
-from recurrl.functional.recurrent.pad_frozen import frozen_unroll
+from recurrl.functional.recurrent.pad_flush import flush_applies, flush_cost, flush_unroll
+from recurrl.functional.recurrent.pad_frozen import frozen_plan, frozen_unroll
 from recurrl.functional.sequences import split_pieces
 
 __all__ = ["fused_runner", "pad_unroll"]
@@ -86,7 +87,12 @@ def pad_unroll(
 
     pieces = split_pieces(is_init)
     if fused_weights is not None:
-        return frozen_unroll(cfg, fused_weights, x, states, pieces, training=training)
+        windows, cost = frozen_plan(cfg, pieces.lengths)
+        if flush_applies(states, is_init) and flush_cost(cfg, is_init) < cost:
+            return flush_unroll(cfg, fused_weights, x, states, is_init, training=training)
+        return frozen_unroll(
+            cfg, fused_weights, x, states, pieces, training=training, windows=windows
+        )
     lengths = pieces.lengths
     total = n * steps
     device = x.device

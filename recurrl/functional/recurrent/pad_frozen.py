@@ -34,9 +34,12 @@ from torch import Tensor
 from recurrl.functional.recurrent.config import LayerWeights, RNNConfig
 from recurrl.functional.sequences import Pieces
 
-__all__ = ["frozen_unroll", "kernel_costs", "plan_windows"]
+__all__ = ["frozen_plan", "frozen_unroll", "kernel_costs", "plan_windows"]
 
 _MARGIN = 30.0  # sigmoid(30) rounds to 1.0 in float32; sigmoid(-30) < 1e-13
+#: The gathers and scatters around the calls, in row-steps per real (row, step): measured
+#: (forward+backward, 1 thread) as the gap between the plans' estimates and their times.
+_GATHER_COST = {"lstm": 0.3, "gru": 1.0}
 
 
 def kernel_costs(cfg: RNNConfig) -> tuple[float, float]:
@@ -99,6 +102,21 @@ def plan_windows(
     return windows[::-1]
 
 
+def frozen_plan(cfg: RNNConfig, lengths: Sequence[int]) -> tuple[list[tuple[int, int, int]], float]:
+    """The windows :func:`frozen_unroll` runs, and their estimated cost in row-steps per layer.
+
+    Examples:
+        >>> from recurrl.functional.recurrent.config import RNNConfig
+        >>> windows, cost = frozen_plan(RNNConfig("lstm", 3, 64), [8, 8, 7, 2, 1])
+        >>> windows
+        [(0, 8, 5)]
+    """
+    call, step = kernel_costs(cfg)
+    windows = plan_windows(lengths, call, step)
+    cost = sum(call + (t1 - t0) * (step + rows) for t0, t1, rows in windows)
+    return windows, cost + _GATHER_COST[cfg.mode] * sum(lengths)
+
+
 def _freeze_column(cfg: RNNConfig, w: LayerWeights, h_max: Tensor | float) -> Tensor:
     """Weights ``[G*H, 1]`` of the padding flag (see the module docstring; no host sync)."""
     with torch.no_grad():
@@ -117,7 +135,8 @@ def _freeze_column(cfg: RNNConfig, w: LayerWeights, h_max: Tensor | float) -> Te
     return column.unsqueeze(1)
 
 
-def _layer_params(cfg: RNNConfig, w: LayerWeights, column: Tensor) -> list[Tensor]:
+def layer_params(cfg: RNNConfig, w: LayerWeights, column: Tensor) -> list[Tensor]:
+    """One layer's parameters for torch's fused call, with ``column`` as an extra input."""
     params = [torch.cat([w.weight_ih, column], dim=1), w.weight_hh]
     if cfg.bias:
         params += [w.bias_ih, w.bias_hh]
@@ -126,7 +145,8 @@ def _layer_params(cfg: RNNConfig, w: LayerWeights, column: Tensor) -> list[Tenso
     return params
 
 
-def _h_max(cfg: RNNConfig, w: LayerWeights, h0: Tensor) -> Tensor | float:
+def h_bound(cfg: RNNConfig, w: LayerWeights, h0: Tensor) -> Tensor | float:
+    """A bound on ``|h|`` over a layer's run from the start states ``h0`` (no host sync)."""
     if cfg.mode == "lstm":  # h = o * tanh(c), then projected
         return w.weight_hr.abs().sum(1).max() if cfg.proj_size else 1.0
     # a GRU state is a convex combination of candidates in [-1, 1] and its start state
@@ -141,10 +161,12 @@ def frozen_unroll(
     pieces: Pieces,
     *,
     training: bool,
+    windows: list[tuple[int, int, int]] | None = None,
 ) -> tuple[Tensor, tuple[Tensor, ...]]:
     """Reset-aware LSTM/GRU over ``x [N, T, F]`` given its ``pieces``; see the module docstring.
 
-    Returns the output ``[N, T, O]`` and the states, each ``[N, T, L, S]``, exact at every
+    ``windows`` is the plan of :func:`frozen_plan` (made here if not given). Returns the
+    output ``[N, T, O]`` and the states, each ``[N, T, L, S]``, exact at every
     trajectory end and zero elsewhere.
     """
     n, steps = x.shape[:2]
@@ -152,7 +174,8 @@ def frozen_unroll(
     device = x.device
     lengths = pieces.lengths
     n_pieces = len(lengths)
-    windows = plan_windows(lengths, *kernel_costs(cfg))
+    if windows is None:
+        windows = frozen_plan(cfg, lengths)[0]
     lstm = cfg.mode == "lstm"
 
     # For every window: the flat input index of each (row, step) (``total`` on padding steps)
@@ -193,7 +216,7 @@ def frozen_unroll(
     for layer in range(cfg.num_layers):
         w = cfg.layer_weights(flat_weights, layer)
         hx = [s[:, :, layer].reshape(total, -1)[pieces.start] for s in states]  # [P, S]
-        params = _layer_params(cfg, w, _freeze_column(cfg, w, _h_max(cfg, w, hx[0])))
+        params = layer_params(cfg, w, _freeze_column(cfg, w, h_bound(cfg, w, hx[0])))
         padded_in = torch.cat([layer_in, layer_in.new_zeros(1, layer_in.shape[-1])])
         inputs = torch.cat([padded_in[in_index], pad_flag], dim=1).split(sizes)
         outs, c_final = [], []

@@ -133,3 +133,16 @@ def loss_of(y: Tensor, states: tuple[Tensor, ...], seed: int = 1) -> Tensor:
     for s in states:
         total = total + (s * torch.randn(s.shape, generator=gen, dtype=s.dtype)).sum()
     return total
+
+
+#: Layouts both fused ``pad`` layouts are checked on (``make_problem`` keyword arguments).
+LAYOUT_SPECS = [
+    dict(seed=0),
+    dict(seed=1, num_layers=1),
+    dict(seed=2, bias=False),
+    dict(seed=3, proj_size=2),
+    dict(seed=4, n=1, steps=12, p_init=0.5),
+    dict(seed=5, p_init=1.0),
+    dict(seed=6, num_layers=3, n=5, steps=20),
+    dict(seed=7, n=6, steps=30, p_init=0.1, hidden=40),
+]

@@ -16,7 +16,7 @@ import torch
 from recurrl.functional.recurrent.pad import fused_runner, pad_unroll
 from recurrl.functional.recurrent.pad_frozen import plan_windows
 
-from ._reference import loss_of, make_problem, pieces, reference_unroll
+from ._reference import LAYOUT_SPECS, loss_of, make_problem, pieces, reference_unroll
 
 ATOL = 1e-5
 
@@ -117,16 +117,7 @@ def _frozen(p, leaves=None):
     return pad_unroll(p.cfg, leaves[0], tuple(leaves[1:]), p.is_init, run, fused_weights=p.weights)
 
 
-FROZEN_SPECS = [
-    dict(seed=0),
-    dict(seed=1, num_layers=1),
-    dict(seed=2, bias=False),
-    dict(seed=3, proj_size=2),
-    dict(seed=4, n=1, steps=12, p_init=0.5),
-    dict(seed=5, p_init=1.0),
-    dict(seed=6, num_layers=3, n=5, steps=20),
-    dict(seed=7, n=6, steps=30, p_init=0.1, hidden=40),
-]
+FROZEN_SPECS = LAYOUT_SPECS
 
 
 @pytest.mark.parametrize("mode", ["lstm", "gru"])

@@ -1,0 +1,156 @@
+"""``pad`` with flush steps: rows kept whole, restarts from zeros through saturated gates.
+
+Pins what the module docstring promises: the numbers and gradients of the independent
+reference when every restart inside a row starts from zeros; a state of exactly zero after a
+flush whatever the weights (nothing leaks across a restart, bit for bit); the conditions under
+which the layout applies; the recurrence that rebuilds the LSTM's ``c``; and that ``pad``
+takes this layout when its estimate is the cheaper one.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from recurrl.functional.recurrent import pad as pad_module
+from recurrl.functional.recurrent.pad import fused_runner, pad_unroll
+from recurrl.functional.recurrent.pad_flush import (
+    _LinearRecurrence,
+    flush_applies,
+    flush_cost,
+    flush_unroll,
+)
+from recurrl.functional.recurrent.pad_frozen import frozen_plan
+from recurrl.functional.sequences import split_pieces
+
+from ._reference import LAYOUT_SPECS, loss_of, make_problem, reference_unroll
+
+pytestmark = pytest.mark.filterwarnings("ignore:LSTM with projections is not supported")
+
+SPECS = [*LAYOUT_SPECS, dict(seed=8, n=2, steps=1)]
+
+
+def _zero_restarts(p):
+    """The problem with zero stored states at every restart inside a row (a collector's data)."""
+    inside = p.is_init.clone()
+    inside[:, 0] = False
+    for s in p.states:
+        s[inside] = 0.0
+    return p
+
+
+def _problem(mode, spec, dtype=torch.float32):
+    spec = dict(spec)
+    if mode == "gru" and spec.get("proj_size"):
+        pytest.skip("the GRU has no projection")
+    return _zero_restarts(make_problem(mode, dtype=dtype, **spec))
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: "-".join(map(str, s.values())))
+def test_matches_reference_outputs_and_gradients(mode, spec):
+    p = _problem(mode, spec)
+    assert flush_applies(p.states, p.is_init)
+    x = p.x.clone().requires_grad_(True)
+    y, nxt = flush_unroll(p.cfg, p.weights, x, p.states, p.is_init, training=False)
+    x_ref = p.x.clone().requires_grad_(True)
+    y_ref, next_ref = reference_unroll(p.rnn, x_ref, p.states, p.is_init)
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-4)
+    for s, s_ref in zip(nxt, next_ref, strict=True):
+        torch.testing.assert_close(s, s_ref, atol=1e-5, rtol=1e-4)
+    grads = torch.autograd.grad(loss_of(y, nxt), [x, *p.weights])
+    grads_ref = torch.autograd.grad(loss_of(y_ref, next_ref), [x_ref, *p.weights])
+    for g, g_ref in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(g, g_ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_float64(mode):
+    p = _problem(mode, dict(seed=9, n=3, steps=10, p_init=0.3), dtype=torch.float64)
+    y, nxt = flush_unroll(p.cfg, p.weights, p.x, p.states, p.is_init, training=False)
+    y_ref, next_ref = reference_unroll(p.rnn, p.x, p.states, p.is_init)
+    torch.testing.assert_close(y, y_ref, atol=1e-10, rtol=1e-10)
+    for s, s_ref in zip(nxt, next_ref, strict=True):
+        torch.testing.assert_close(s, s_ref, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+@pytest.mark.parametrize(("bias", "weight_scale"), [(60.0, 1.0), (-60.0, 1.0), (0.0, 20.0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_nothing_leaks_across_a_restart_bit_for_bit(mode, bias, weight_scale, dtype):
+    """After a flush the state is exactly zero: what came before cannot change a single bit."""
+    p = _problem(mode, dict(seed=10, n=2, steps=9, p_init=0.0, num_layers=2), dtype=dtype)
+    with torch.no_grad():
+        for name, param in p.rnn.named_parameters():
+            param.mul_(weight_scale)
+            if name.startswith("bias"):
+                param.fill_(bias)
+    p.is_init[:, 4] = True
+    outs = []
+    for before in (p.x[:, :4], 100.0 * torch.randn_like(p.x[:, :4])):
+        x = torch.cat([before, p.x[:, 4:]], dim=1)
+        y, nxt = flush_unroll(p.cfg, p.weights, x, p.states, p.is_init, training=False)
+        outs.append((y[:, 4:], [s[:, 4:] for s in nxt]))
+    (y_a, s_a), (y_b, s_b) = outs
+    assert torch.equal(y_a, y_b)
+    for a, b in zip(s_a, s_b, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_applies_only_to_zero_restarts_without_gradient():
+    p = _zero_restarts(make_problem("lstm", n=3, steps=8, p_init=0.4, seed=11))
+    assert flush_applies(p.states, p.is_init)
+    # a non-zero state at t = 0 is a row start, which the fused call takes as its hx
+    p.states[0][:, 0] = 1.0
+    assert flush_applies(p.states, p.is_init)
+    row, t = p.is_init[:, 1:].nonzero()[0].tolist()
+    p.states[1][row, t + 1, 0, 0] = 1e-30  # a restart from a state that is not zero
+    assert not flush_applies(p.states, p.is_init)
+    p.states[1][row, t + 1] = 0.0
+    assert not flush_applies((p.states[0].requires_grad_(True), p.states[1]), p.is_init)
+
+
+def test_linear_recurrence_gradcheck():
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.rand(6, 3, 2, generator=gen, dtype=torch.float64) for _ in range(2))
+    c0 = torch.randn(3, 2, generator=gen, dtype=torch.float64)
+    leaves = [t.requires_grad_(True) for t in (a, b, c0)]
+    torch.autograd.gradcheck(_LinearRecurrence.apply, leaves)
+    c, prev = _LinearRecurrence.apply(*leaves), c0
+    for t in range(6):
+        prev = a[t] * prev + b[t]
+        torch.testing.assert_close(c[t], prev)
+
+
+def _spy(monkeypatch):
+    calls = []
+    real = pad_module.flush_unroll
+
+    def spy(*args, **kwargs):
+        calls.append(True)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pad_module, "flush_unroll", spy)
+    return calls
+
+
+# Where one call on T + R steps beats the piece grid's windows: for the LSTM (whose calls
+# cost most per call) episodes of ~16 steps in rows of 64; for the GRU (whose calls cost most
+# per time step) a restart or two.
+@pytest.mark.parametrize(("mode", "p_init"), [("lstm", 1 / 16), ("gru", 0.001)])
+def test_pad_takes_the_cheaper_layout(mode, p_init, monkeypatch):
+    p = make_problem(mode, n=32, steps=64, p_init=p_init, hidden=64, seed=12)
+    p.is_init[3, 40] = True
+    _zero_restarts(p)
+    assert flush_cost(p.cfg, p.is_init) < frozen_plan(p.cfg, split_pieces(p.is_init).lengths)[1]
+    calls = _spy(monkeypatch)
+    run = fused_runner(p.cfg, p.weights, False)
+    y, _ = pad_unroll(p.cfg, p.x, p.states, p.is_init, run, fused_weights=p.weights)
+    assert calls == [True]
+    y_ref, _ = reference_unroll(p.rnn, p.x, p.states, p.is_init)
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-4)
+    # the same batch with a non-zero state at a restart must be split into pieces
+    row, t = p.is_init[:, 1:].nonzero()[0].tolist()
+    p.states[0][row, t + 1] = 0.5
+    pad_unroll(p.cfg, p.x, p.states, p.is_init, run, fused_weights=p.weights)
+    assert calls == [True]
