@@ -9,6 +9,8 @@ takes this layout when its estimate is the cheaper one.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -20,7 +22,7 @@ from recurrl.functional.recurrent.pad_flush import (
     flush_cost,
     flush_unroll,
 )
-from recurrl.functional.recurrent.pad_frozen import frozen_plan
+from recurrl.functional.recurrent.pad_frozen import frozen_plan, frozen_unroll
 from recurrl.functional.sequences import split_pieces
 
 from ._reference import LAYOUT_SPECS, loss_of, make_problem, reference_unroll
@@ -154,3 +156,22 @@ def test_pad_takes_the_cheaper_layout(mode, p_init, monkeypatch):
     p.states[0][row, t + 1] = 0.5
     pad_unroll(p.cfg, p.x, p.states, p.is_init, run, fused_weights=p.weights)
     assert calls == [True]
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_inter_layer_dropout_matches_the_piece_grid(mode):
+    """Both layouts drop the same units: the real steps' outputs, in the same order."""
+    p = _zero_restarts(make_problem(mode, n=4, steps=12, p_init=0.3, num_layers=3, seed=13))
+    cfg = dataclasses.replace(p.cfg, dropout=0.5)
+    outs = []
+    for unroll in (flush_unroll, _frozen):
+        torch.manual_seed(0)
+        outs.append(unroll(cfg, p.weights, p.x, p.states, p.is_init, training=True))
+    (y, nxt), (y_ref, next_ref) = outs
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-4)
+    for s, s_ref in zip(nxt, next_ref, strict=True):
+        torch.testing.assert_close(s, s_ref, atol=1e-5, rtol=1e-4)
+
+
+def _frozen(cfg, weights, x, states, is_init, *, training):
+    return frozen_unroll(cfg, weights, x, states, split_pieces(is_init), training=training)
