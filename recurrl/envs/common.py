@@ -428,9 +428,9 @@ class EnvBase(nn.Module, metaclass=abc.ABCMeta):
         preset = tensordict.get("next", None)
         if preset is not None:
             written = next_td.keys(include_nested=True)
-            for key in preset.keys(include_nested=True, leaves_only=True):
+            for key, value in preset.items(include_nested=True, leaves_only=True):
                 if key not in written:
-                    next_td.set(key, preset.get(key))
+                    next_td.set(key, value)
         return next_td
 
     def step_mdp(self, tensordict: TensorDictBase) -> TensorDictBase:

@@ -159,6 +159,8 @@ def tensor_to_numpy(action: torch.Tensor, space: spaces.Space, spec: TensorSpec)
             f"GymEnv: the action has shape {tuple(action.shape)}, expected {tuple(spec.shape)} "
             f"(action_spec {type(spec).__name__})."
         )
+    if action.ndim == 0 and isinstance(space, spaces.Discrete) and not isinstance(spec, OneHot):
+        return int(action) + int(space.start)  # one env's index: no numpy round trip
     action = action.detach()
     if isinstance(spec, OneHot):
         action = action.to(torch.float32).argmax(-1)
