@@ -20,6 +20,10 @@ from recurrl.modules import set_recurrent_mode
 __all__ = ["Collector"]
 
 TRAJ_KEY = ("collector", "traj_ids")
+# Steps are stacked by chunks of this many as they come: a whole batch of per-step
+# TensorDicts kept alive until its end made Python's cyclic garbage collector walk them
+# (and, every few batches, the whole heap); chunks keep the live objects few.
+_CHUNK_STEPS = 32
 Policy = Callable[[TensorDictBase], TensorDictBase | None]
 
 
@@ -270,6 +274,7 @@ class Collector:
         root = self._root
         steps: list[TensorDictBase] = []
         ids: list[torch.Tensor] = []
+        chunks: list[TensorDictBase] = []
         plan = None
         # One context for the whole batch, not one per step (it costs a few us each time).
         with torch.no_grad(), set_recurrent_mode(False):
@@ -283,9 +288,15 @@ class Collector:
                 root = plan(td) if plan is not None else env.step_mdp(td)
                 if bool(done.any()):
                     root = self._reset_done(root, done)
+                if len(steps) == _CHUNK_STEPS:
+                    chunks.append(self._stack(steps, ids))
+                    steps, ids = [], []
+        if steps:
+            chunks.append(self._stack(steps, ids))
         self._root = root
         self.frames += self.frames_per_batch
-        return self._stack(steps, ids)
+        out = chunks[0] if len(chunks) == 1 else self._join(chunks)
+        return out.to(self.storing_device) if out.device != self.storing_device else out
 
     def _reset_done(self, root: TensorDictBase, done: torch.Tensor) -> TensorDictBase:
         """Reset the finished envs (``done`` ``[*B]``) as ``env.rollout`` does; new ids."""
@@ -305,7 +316,16 @@ class Collector:
                 "a policy must write the same keys at every step."
             ) from err
         out.set(TRAJ_KEY, torch.stack(ids, dim=self._time_dim))
-        return out.to(self.storing_device) if out.device != self.storing_device else out
+        return out
+
+    def _join(self, chunks: list[TensorDictBase]) -> TensorDictBase:
+        try:
+            return torch.cat(chunks, dim=self._time_dim)
+        except (RuntimeError, KeyError) as err:
+            raise RuntimeError(
+                "Collector: the steps of a batch hold different keys and cannot be stacked; "
+                "a policy must write the same keys at every step."
+            ) from err
 
     # --- seeding, state, shutdown --------------------------------------------------------
     def set_seed(self, seed: int | None) -> int | None:

@@ -11,7 +11,7 @@ from tensordict import NestedKey, TensorDict, TensorDictBase
 from torch import nn
 
 from recurrl.envs.specs import Categorical, Composite, TensorSpec, Unbounded
-from recurrl.envs.utils import RESET_KEY, get_reset_mask, step_mdp, where_reset
+from recurrl.envs.utils import RESET_KEY, get_reset_mask, merge_reset, step_mdp
 
 if TYPE_CHECKING:
     from recurrl.envs.transforms.transform import Transform, TransformedEnv
@@ -184,6 +184,18 @@ class EnvBase(nn.Module, metaclass=abc.ABCMeta):
     full_observation_spec = observation_spec
 
     def _leaf(self, name: str) -> TensorSpec:
+        # Cached per specs version: GymEnv converts every action with the action spec.
+        version = self._specs_version()
+        cached = self.__dict__.get("_leaf_cache")
+        if cached is None or cached[0] != version:
+            cached = (version, {})
+            self.__dict__["_leaf_cache"] = cached
+        leaf = cached[1].get(name)
+        if leaf is None:
+            leaf = cached[1][name] = self._find_leaf(name)
+        return leaf
+
+    def _find_leaf(self, name: str) -> TensorSpec:
         spec = self._get_spec(name)
         if name not in spec:
             # Not AttributeError: inside a property nn.Module would replace its message.
@@ -289,9 +301,19 @@ class EnvBase(nn.Module, metaclass=abc.ABCMeta):
                     f"{spec.dtype} (from the env specs)."
                 )
 
+    def _standard_done(self) -> bool:
+        """Whether the done keys are exactly ``done`` / ``terminated`` / ``truncated``
+        (cached per specs version: asked at every step)."""
+        version = self._specs_version()
+        cached = self.__dict__.get("_standard_done_cache")
+        if cached is None or cached[0] != version:
+            cached = (version, {k for k, _ in self._keys("done")} == _DONE_KEY_SET)
+            self.__dict__["_standard_done_cache"] = cached
+        return cached[1]
+
     def _complete_done(self, next_td: TensorDictBase) -> None:
         """Fill ``truncated`` (False) and ``done`` (terminated | truncated); check ``done``."""
-        if {k for k, _ in self._keys("done")} != _DONE_KEY_SET:
+        if not self._standard_done():
             return
         terminated = next_td.get("terminated", None)
         if terminated is None:
@@ -300,13 +322,13 @@ class EnvBase(nn.Module, metaclass=abc.ABCMeta):
         if truncated is None:
             truncated = torch.zeros_like(terminated)
             next_td.set("truncated", truncated)
-        expected = terminated | truncated
         done = next_td.get("done", None)
+        if done is not None and self._checked_calls["step"] >= _FULL_CHECKS:
+            return  # given, and checked on the first steps
+        expected = terminated | truncated
         if done is None:
             next_td.set("done", expected)
-        elif self._checked_calls["step"] < _FULL_CHECKS and (
-            done.shape != expected.shape or bool((done != expected).any())
-        ):
+        elif done.shape != expected.shape or bool((done != expected).any()):
             raise ValueError(
                 f"{type(self).__name__}._step: 'done' must equal terminated | truncated, "
                 f"received done={done.tolist()} for terminated={terminated.tolist()}, "
@@ -334,7 +356,11 @@ class EnvBase(nn.Module, metaclass=abc.ABCMeta):
                 # Every env resets: the plain path gives the same result without the
                 # per-key merging of a partial reset (a single env's resets all take it).
                 tensordict = tensordict.exclude(RESET_KEY)
-            elif mask is not None:  # canonical [*B, 1] mask, on a shallow copy
+            elif mask is not None and tensordict.get(RESET_KEY).shape != (*mask.shape, 1):
+                # canonical [*B, 1] bool mask, on a shallow copy
+                tensordict = tensordict.copy()
+                tensordict.set(RESET_KEY, mask.unsqueeze(-1))
+            elif mask is not None and tensordict.get(RESET_KEY).dtype != torch.bool:
                 tensordict = tensordict.copy()
                 tensordict.set(RESET_KEY, mask.unsqueeze(-1))
         out = self._reset_proc(tensordict, **kwargs)
@@ -357,14 +383,10 @@ class EnvBase(nn.Module, metaclass=abc.ABCMeta):
         if RESET_KEY in out:
             out = out.exclude(RESET_KEY)
         for key, spec in self._keys("done"):
-            if key not in out.keys(include_nested=True):
+            if out.get(key, None) is None:
                 out.set(key, spec.zero())
         if mask is not None and tensordict is not None:
-            out_keys = out.keys(include_nested=True)
-            for key, _ in kept:
-                current = tensordict.get(key, None)
-                if current is not None and key in out_keys:
-                    out.set(key, where_reset(mask, out.get(key), current))
+            merge_reset(mask, out, tensordict, [k for k, _ in kept])
         return out
 
     # --- step ----------------------------------------------------------------------------
@@ -382,9 +404,8 @@ class EnvBase(nn.Module, metaclass=abc.ABCMeta):
             ``[*B, 1]`` bool and any transform outputs.
         """
         self._check_input(tensordict, "step")
-        keys = tensordict.keys(include_nested=True)
-        for key in self.action_keys:
-            if key not in keys:
+        for key, _ in self._keys("action"):
+            if tensordict.get(key, None) is None:
                 raise KeyError(
                     f"{type(self).__name__}.step: expected an action under {key!r}, received "
                     f"keys {list(tensordict.keys(include_nested=True, leaves_only=True))}. "
@@ -407,9 +428,9 @@ class EnvBase(nn.Module, metaclass=abc.ABCMeta):
         preset = tensordict.get("next", None)
         if preset is not None:
             written = next_td.keys(include_nested=True)
-            for key in preset.keys(include_nested=True, leaves_only=True):
+            for key, value in preset.items(include_nested=True, leaves_only=True):
                 if key not in written:
-                    next_td.set(key, preset.get(key))
+                    next_td.set(key, value)
         return next_td
 
     def step_mdp(self, tensordict: TensorDictBase) -> TensorDictBase:

@@ -145,7 +145,7 @@ def numpy_to_tensor(value: Any, space: spaces.Space, spec: TensorSpec) -> Any:
             return spec._encode(index.to(spec.device))
         return index.to(device=spec.device, dtype=spec.dtype)
     array = np.asarray(value)
-    return torch.as_tensor(array, device=spec.device).to(spec.dtype).reshape(spec.shape)
+    return torch.as_tensor(array, dtype=spec.dtype, device=spec.device).reshape(spec.shape)
 
 
 def tensor_to_numpy(action: torch.Tensor, space: spaces.Space, spec: TensorSpec) -> Any:
@@ -159,6 +159,8 @@ def tensor_to_numpy(action: torch.Tensor, space: spaces.Space, spec: TensorSpec)
             f"GymEnv: the action has shape {tuple(action.shape)}, expected {tuple(spec.shape)} "
             f"(action_spec {type(spec).__name__})."
         )
+    if action.ndim == 0 and isinstance(space, spaces.Discrete) and not isinstance(spec, OneHot):
+        return int(action) + int(space.start)  # one env's index: no numpy round trip
     action = action.detach()
     if isinstance(spec, OneHot):
         action = action.to(torch.float32).argmax(-1)
@@ -318,19 +320,35 @@ class GymEnv(EnvBase):
             self.__dict__["_obs_spec_cache"] = cached
         return cached[1]
 
-    def _observation_td(self, obs: Any) -> TensorDict:
-        entries = self._observation_entries(obs)
-        return TensorDict(entries, batch_size=self.batch_size, device=self.device)
+    def _flags(self, terminated: Any, truncated: Any) -> tuple[torch.Tensor, ...]:
+        """``terminated``, ``truncated`` and ``done`` (their or), each bool ``[*B, 1]``.
 
-    def _flag(self, value: Any) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(value, dtype=bool), device=self.device).reshape(
-            *self.batch_size, 1
-        )
+        One conversion for the three: they are views of one ``[3, *B, 1]`` tensor.
+        """
+        flags = np.array((terminated, truncated, np.logical_or(terminated, truncated)), bool)
+        flags = torch.from_numpy(flags).reshape(3, *self.batch_size, 1)
+        return (flags if self.device.type == "cpu" else flags.to(self.device)).unbind(0)
 
     def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:
-        seed, self._pending_seed = self._pending_seed, None
-        obs, _info = self._env.reset(seed=seed, **kwargs)
-        return self._observation_td(obs)
+        obs, _info = self._env.reset(seed=self._take_seed(), **kwargs)
+        return self._reset_td(obs)
+
+    def _take_seed(self) -> int | None:
+        """The seed for this reset (then forgotten). Assigned only when set: an attribute
+        assignment on an ``nn.Module`` costs more than the check."""
+        seed = self._pending_seed
+        if seed is not None:
+            self._pending_seed = None
+        return seed
+
+    def _reset_td(self, obs: Any) -> TensorDict:
+        """The reset observation, with the done keys False (filled here rather than by
+        :class:`EnvBase` from the specs: the same values, cheaper)."""
+        entries = self._observation_entries(obs)
+        if self._standard_done():
+            flags = torch.zeros((3, *self.batch_size, 1), dtype=torch.bool, device=self.device)
+            entries["terminated"], entries["truncated"], entries["done"] = flags.unbind(0)
+        return TensorDict(entries, batch_size=self.batch_size, device=self.device)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         action = tensor_to_numpy(tensordict.get("action"), self._action_space, self.action_spec)
@@ -341,9 +359,9 @@ class GymEnv(EnvBase):
         entries = self._observation_entries(obs)
         reward_t = torch.as_tensor(np.asarray(reward, dtype=np.float32), device=self.device)
         entries["reward"] = reward_t.reshape(*self.batch_size, 1)
-        entries["terminated"] = term = self._flag(terminated)
-        entries["truncated"] = trunc = self._flag(truncated)
-        entries["done"] = term | trunc
+        entries["terminated"], entries["truncated"], entries["done"] = self._flags(
+            terminated, truncated
+        )
         return TensorDict(entries, batch_size=self.batch_size, device=self.device)
 
     def simulator_state(self) -> bytes:

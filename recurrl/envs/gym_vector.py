@@ -211,16 +211,15 @@ class GymVecEnv(GymEnv):
 
     def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:
         mask = get_reset_mask(tensordict, self.batch_size)
-        seed, self._pending_seed = self._pending_seed, None
         options = dict(kwargs.pop("options", None) or {})
-        reset = np.ones(self.num_envs, dtype=np.bool_)
+        reset: Any = slice(None)  # every sub-env
         if mask is not None and not bool(mask.all()):
             # EnvBase never calls _reset with an all-False mask (gymnasium rejects it).
             reset = mask.cpu().numpy().astype(np.bool_)
             options["reset_mask"] = reset
-        obs, _info = self._env.reset(seed=seed, options=options or None, **kwargs)
+        obs, _info = self._env.reset(seed=self._take_seed(), options=options or None, **kwargs)
         self._needs_reset[reset] = False
-        return self._observation_td(obs)
+        return self._reset_td(obs)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         if self._needs_reset.any():
@@ -231,7 +230,8 @@ class GymVecEnv(GymEnv):
             )
         action = tensor_to_numpy(tensordict.get("action"), self._action_space, self.action_spec)
         obs, reward, terminated, truncated, _info = self._env.step(action)
-        self._needs_reset = np.logical_or(terminated, truncated).astype(bool).reshape(-1)
+        # In place: assigning an attribute of an nn.Module costs more than the step's bookkeeping.
+        np.logical_or(terminated, truncated, out=self._needs_reset)
         return self._step_td(obs, reward, terminated, truncated)
 
     def extra_repr(self) -> str:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase, unravel_key
 
-__all__ = ["RESET_KEY", "get_reset_mask", "step_mdp", "where_reset"]
+__all__ = ["RESET_KEY", "get_reset_mask", "merge_reset", "step_mdp", "where_reset"]
 
 RESET_KEY = "_reset"
 """Key of the partial-reset mask read by ``env.reset(td)``: bool ``[*B, 1]`` (or ``[*B]``)."""
@@ -174,3 +174,41 @@ def where_reset(
     if current.device != reset_value.device:
         current = current.to(reset_value.device)
     return torch.where(view, reset_value, current)
+
+
+def merge_reset(
+    mask: torch.Tensor,
+    reset: TensorDictBase,
+    current: TensorDictBase,
+    keys: Sequence[NestedKey],
+) -> TensorDictBase:
+    """Keep ``current``'s values for the envs not in ``mask``: every key of ``keys`` held by
+    both ``reset`` and ``current`` is set in ``reset`` to ``where_reset(mask, reset[key],
+    current[key])``. Returns ``reset``.
+
+    The mask view of each number of dims is built once for all keys (a partial reset merges
+    every observation, state and done key).
+
+    Examples:
+        >>> reset = TensorDict({"obs": torch.zeros(2, 3), "done": torch.zeros(2, 1)}, [2])
+        >>> current = TensorDict({"obs": torch.ones(2, 3)}, [2])
+        >>> merge_reset(torch.tensor([True, False]), reset, current, ["obs", "done"])["obs"]
+        tensor([[0., 0., 0.],
+                [1., 1., 1.]])
+    """
+    views: dict[int, torch.Tensor] = {}
+    for key in keys:
+        value = current.get(key, None)
+        if value is None:
+            continue
+        fresh = reset.get(key, None)
+        if fresh is None:
+            continue
+        view = views.get(fresh.ndim)
+        if view is None:
+            view = mask.reshape((*mask.shape, *([1] * (fresh.ndim - mask.ndim))))
+            views[fresh.ndim] = view
+        if value.device != fresh.device:
+            value = value.to(fresh.device)
+        reset.set(key, torch.where(view, fresh, value))
+    return reset

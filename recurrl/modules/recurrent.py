@@ -234,6 +234,7 @@ class RecurrentModule(TensorDictModuleBase):
         setattr(self, self._rnn_name, rnn)
         self.python_based = python_based
         self._cfg = self.config
+        self._step_shape_cache: dict[torch.Size, tuple[Any, ...]] = {}
 
     # ------------------------------------------------------------------ public API
     @property
@@ -425,30 +426,70 @@ class RecurrentModule(TensorDictModuleBase):
             states.append(value if value.dtype == like.dtype else value.to(like.dtype))
         return tuple(states)
 
+    def _step_shapes(self, batch: torch.Size) -> tuple[Any, ...]:
+        """Expected shapes of one step's input, ``is_init`` and states for ``batch``, cached
+        (they depend on the batch and the network sizes only)."""
+        shapes = self._step_shape_cache.get(batch)
+        if shapes is None:
+            cfg = self._cfg
+            shapes = (
+                (*batch, cfg.input_size),
+                (*batch, 1),
+                tuple((*batch, cfg.num_layers, size) for size in cfg.state_sizes),
+                batch.numel(),
+            )
+            self._step_shape_cache[batch] = shapes
+        return shapes
+
+    def _read_step(self, td: TensorDictBase, batch: torch.Size) -> tuple[Tensor, ...]:
+        """Input ``[N, F]``, ``is_init`` ``[N]`` and states ``[N, L, S]`` of one step, with the
+        batch dims ``[*B]`` flattened to ``N``.
+
+        The usual case (every key present, with the expected shape and dtype) is recognised
+        with a few comparisons; anything else goes through the validating readers, which
+        convert what they can and raise naming the key otherwise. Both give the same values.
+        """
+        x_shape, init_shape, state_shapes, n = self._step_shapes(batch)
+        x = td.get(self.in_keys[0], None)
+        is_init = td.get(IS_INIT_KEY, None)
+        states = tuple(td.get(key, None) for key in self.in_keys[1:-1])
+        usual = (
+            x is not None
+            and is_init is not None
+            and x.shape == x_shape
+            and is_init.shape == init_shape
+            and is_init.dtype == torch.bool
+            and all(
+                s is not None and s.shape == shape and s.dtype == x.dtype
+                for s, shape in zip(states, state_shapes, strict=True)
+            )
+        )
+        if not usual:
+            x = self._read_input(td, batch)
+            is_init = self._read_is_init(td, batch)
+            states = self._read_states(td, batch, x, is_init)
+        if len(batch) != 1:  # the collector's [N] batches need no reshaping
+            x = x.reshape(n, x.shape[-1])
+            states = tuple(s.reshape(n, *s.shape[-2:]) for s in states)
+        return x, is_init.reshape(n), *states
+
     def _forward_step(self, td: TensorDictBase) -> TensorDictBase:
         batch = td.batch_size
-        x = self._read_input(td, batch)
-        is_init = self._read_is_init(td, batch)
-        states = self._read_states(td, batch, x, is_init)
-        flat = len(batch) == 1  # the collector's [N] batches need no reshaping
-        if not flat:
-            n = batch.numel()
-            x = x.reshape(n, x.shape[-1])
-            is_init = is_init.reshape(n)
-            states = tuple(s.reshape(n, *s.shape[-2:]) for s in states)
+        x, is_init, *states = self._read_step(td, batch)
         # Skipping the reset when nothing restarts is free on CPU; elsewhere it would cost a
         # device synchronisation per step, so the masking always runs there.
-        if is_init.device.type != "cpu" or bool(is_init.any()):
+        if not is_init.is_cpu or bool(is_init.any()):
             reset = is_init.view(-1, 1, 1)
-            states = tuple(s.masked_fill(reset, 0) for s in states)
+            states = [s.masked_fill(reset, 0) for s in states]
         y, new_states = recurrent_step(
             self._current_config(),
             self._flat_weights(),
             x,
-            states,
+            tuple(states),
             training=self.training,
             python_based=self.python_based,
         )
+        flat = len(batch) == 1
         td.set(self.out_keys[0], y if flat else y.reshape(*batch, y.shape[-1]))
         for key, s in zip(self.out_keys[1:], new_states, strict=True):
             td.set(key, s if flat else s.reshape(*batch, *s.shape[-2:]))

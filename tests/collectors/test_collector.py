@@ -19,6 +19,7 @@ from tensordict.nn import TensorDictSequential as Seq
 from torch import nn
 
 from recurrl.collectors import Collector
+from recurrl.collectors.collector import _CHUNK_STEPS
 from recurrl.envs import (
     Compose,
     GymEnv,
@@ -194,6 +195,46 @@ def test_same_steps_as_env_rollout():
     assert set(data.keys(True, True)) == set(expected.keys(True, True))
     for key in expected.keys(True, True):
         torch.testing.assert_close(data[key], expected[key], rtol=0, atol=0)
+
+
+def test_batches_longer_than_a_chunk_match_env_rollout():
+    """Steps are stacked by chunks as they come: a batch of several chunks and a remainder
+    is the same as one stack of all its steps."""
+    steps = 2 * _CHUNK_STEPS + 5
+    _, policy = make_policy()
+    _, _, batches = collect(1, frames_per_batch=3 * steps)
+    env = TransformedEnv(
+        CountingEnv(batch_size=(3,), max_steps=LENGTHS),
+        Compose(InitTracker(), make_policy()[0].make_tensordict_primer()),
+    )
+    with torch.no_grad():
+        expected = env.rollout(steps, policy, break_when_any_done=False)
+    data = batches[0]
+    assert data.batch_size == (3, steps)
+    ids, is_init = data["collector", "traj_ids"], data["is_init"].squeeze(-1)
+    assert torch.equal(ids[:, 1:] != ids[:, :-1], is_init[:, 1:])  # across chunk ends too
+    data = data.exclude("collector")
+    for key in expected.keys(True, True):
+        torch.testing.assert_close(data[key], expected[key], rtol=0, atol=0)
+
+
+def test_policy_writing_other_keys_in_a_later_chunk_raises():
+    lstm, policy = make_policy()
+    calls = []
+
+    def changing(td):
+        calls.append(1)
+        td = policy(td)
+        if len(calls) > _CHUNK_STEPS:
+            td.set("extra", torch.zeros(td.batch_size))
+        return td
+
+    env = TransformedEnv(
+        CountingEnv(max_steps=5), Compose(InitTracker(), lstm.make_tensordict_primer())
+    )
+    collector = Collector(env, changing, frames_per_batch=_CHUNK_STEPS + 4)
+    with pytest.raises(RuntimeError, match="a policy must write the same keys at every step"):
+        collector.rollout()
 
 
 # --- auto-registration of InitTracker and primers ----------------------------------------

@@ -1,10 +1,10 @@
-"""Tests of recurrl.envs.utils: step_mdp, get_reset_mask, where_reset."""
+"""Tests of recurrl.envs.utils: step_mdp, get_reset_mask, where_reset, merge_reset."""
 
 import pytest
 import torch
 from tensordict import TensorDict
 
-from recurrl.envs.utils import get_reset_mask, step_mdp, where_reset
+from recurrl.envs.utils import get_reset_mask, merge_reset, step_mdp, where_reset
 
 
 def make_td():
@@ -134,3 +134,23 @@ class TestWhereReset:
         current = torch.ones(2, 3)
         where_reset(torch.tensor([True, False]), torch.zeros(2, 3), current)
         assert torch.equal(current, torch.ones(2, 3))
+
+
+def test_merge_reset_matches_where_reset_per_key():
+    mask = torch.tensor([True, False, True])
+    reset = TensorDict(
+        {"obs": torch.zeros(3, 2), "h": torch.zeros(3, 1, 4), "only_reset": torch.zeros(3)},
+        batch_size=[3],
+    )
+    current = TensorDict(
+        {"obs": torch.ones(3, 2), "h": torch.ones(3, 1, 4), "only_current": torch.ones(3)},
+        batch_size=[3],
+    )
+    expected = {k: where_reset(mask, reset[k], current[k]) for k in ("obs", "h")}
+    out = merge_reset(mask, reset, current, ["obs", "h", "only_reset", "only_current"])
+    assert out is reset
+    for key, value in expected.items():
+        assert torch.equal(out[key], value)
+    assert torch.equal(out["only_reset"], torch.zeros(3))  # no current value: kept as is
+    assert "only_current" not in out
+    assert torch.equal(current["obs"], torch.ones(3, 2))  # inputs are not written in place

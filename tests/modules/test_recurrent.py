@@ -298,6 +298,25 @@ def test_sequential_mode_any_batch_shape(kind, batch):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("batch", [(), (3,), (2, 3)], ids=["[]", "[B]", "[B1,B2]"])
+def test_sequential_unusual_inputs_match_usual_ones(kind, batch):
+    # Inputs in the expected layout take a shortcut past the validating readers; an is_init
+    # without its trailing dim or not bool, or states of another dtype, take the readers'
+    # conversions: both give the same step.
+    module = make_module(kind)
+    x = torch.randn(*batch, F_IN)
+    states = random_states(module, *batch)
+    is_init = torch.rand(batch) < 0.5
+    usual = module(sequence_td(module, x, is_init, states))
+    td = sequence_td(module, x, is_init, [s.double() for s in states])
+    td["is_init"] = is_init.to(torch.uint8)  # [*B], not [*B, 1]
+    unusual = module(td)
+    close(unusual["y"], usual["y"])
+    for key in module.state_keys:
+        close(unusual["next", key], usual["next", key])
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_sequential_is_init_zeroes_incoming_state(kind):
     module = make_module(kind, num_layers=2)
     x = torch.randn(4, F_IN)

@@ -45,8 +45,11 @@ class InitTracker(Transform):
         self.init_key = init_key
         self.reset_key: NestedKey = RESET_KEY
 
+    def _device(self, tensordict: TensorDictBase) -> torch.device | None:
+        return tensordict.device or (self.parent.device if self.parent is not None else None)
+
     def _flag(self, tensordict: TensorDictBase, value: bool) -> torch.Tensor:
-        device = tensordict.device or (self.parent.device if self.parent is not None else None)
+        device = self._device(tensordict)
         shape = (*tensordict.batch_size, 1)
         return torch.full(shape, value, dtype=torch.bool, device=device)
 
@@ -59,6 +62,14 @@ class InitTracker(Transform):
             current = tensordict.get(self.init_key, None)
             if current is None:
                 current = self._flag(tensordict_reset, False)
+            elif (
+                current.dtype == torch.bool
+                and current.shape == (*mask.shape, 1)
+                and current.device == mask.device == self._device(tensordict_reset)
+            ):
+                # where(mask, True, current), in one operation
+                tensordict_reset.set(self.init_key, current | mask.unsqueeze(-1))
+                return tensordict_reset
         fresh = self._flag(tensordict_reset, True)
         tensordict_reset.set(self.init_key, where_reset(mask, fresh, current))
         return tensordict_reset

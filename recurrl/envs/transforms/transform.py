@@ -11,7 +11,7 @@ from torch import nn
 
 from recurrl.envs.common import EnvBase
 from recurrl.envs.specs import Composite
-from recurrl.envs.utils import get_reset_mask, where_reset
+from recurrl.envs.utils import get_reset_mask, merge_reset
 
 __all__ = ["Compose", "Transform", "TransformedEnv", "find_transform"]
 
@@ -390,12 +390,7 @@ class TransformedEnv(EnvBase):
         out = self.base_env._reset_proc(tensordict.exclude(*kept), **kwargs)
         self.base_env._check_output(out, "reset")
         out = self.transform._reset(tensordict, out)
-        out_keys = out.keys(include_nested=True)
-        for key in kept:
-            current = tensordict.get(key, None)
-            if key in out_keys and current is not None:
-                out.set(key, where_reset(mask, out.get(key), current))
-        return out
+        return merge_reset(mask, out, tensordict, kept)
 
     def _step_proc(self, tensordict: TensorDictBase) -> TensorDictBase:
         next_td = self.base_env._step_proc(tensordict)

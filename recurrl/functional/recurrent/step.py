@@ -50,6 +50,14 @@ def recurrent_step(
         (True, True)
     """
     fused = not python_based and not cfg.proj_size
+    if fused and cfg.num_layers == 1:
+        # The acting hot path (one step per env step): no per-layer bookkeeping.
+        w = flat_weights[: cfg.params_per_layer]
+        if cfg.mode == "lstm":
+            h, c = torch.lstm_cell(x, (states[0][:, 0], states[1][:, 0]), *w)
+            return h, (h.unsqueeze(1), c.unsqueeze(1))
+        h = torch.gru_cell(x, states[0][:, 0], *w)
+        return h, (h.unsqueeze(1),)
     new: list[tuple[Tensor, ...]] = []
     layer_in = x
     for layer in range(cfg.num_layers):

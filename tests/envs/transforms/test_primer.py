@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 from recurrl.envs import (
     Bounded,
@@ -148,6 +149,30 @@ class TestReset:
         assert out["rs_h"][:, 0, 0].tolist() == [0.0, 1.0, 0.0]
         assert (out["rs_c"] == 0).all()
         assert torch.equal(td["rs_h"], torch.ones(3, 1, 4))  # input not modified in place
+
+    @pytest.mark.parametrize(
+        ("spec", "default", "incoming"),
+        [
+            (Unbounded((1, 4)), 2.5, torch.ones(3, 1, 4)),  # a number: filled in place
+            (Categorical(5, shape=(1,)), 3, torch.ones(3, 1, dtype=torch.int64)),
+            (Unbounded((1, 4)), 2.5, torch.ones(3, 1, 4, dtype=torch.float64)),  # other dtype
+            (Unbounded((1, 4)), lambda: torch.full((1, 4), 2.5), torch.ones(3, 1, 4)),
+        ],
+        ids=["number", "integer", "other-dtype", "callable"],
+    )
+    def test_partial_reset_value_paths_agree(self, spec, default, incoming):
+        # A number is filled into the incoming value; a callable builds a fresh one: the
+        # reset envs get the initial value, the others keep theirs, whatever the path.
+        primer = TensorDictPrimer(k=spec, default_value=default)
+        env = make_env(primer, batch_size=(3,))
+        td = env.reset()
+        td["k"] = incoming
+        td["_reset"] = torch.tensor([[True], [False], [True]])
+        out = primer._reset(td, TensorDict({}, batch_size=[3]))["k"]  # the primer alone
+        mask = torch.tensor([True, False, True]).reshape(3, *[1] * (incoming.ndim - 1))
+        expected_value = torch.as_tensor(2.5 if callable(default) else default, dtype=spec.dtype)
+        expected = torch.where(mask, expected_value, incoming)
+        assert out.dtype == expected.dtype and torch.equal(out, expected)
 
     def test_partial_reset_without_incoming_value(self):
         env = make_env(lstm_primer(default_value=3.0), batch_size=(2,))
