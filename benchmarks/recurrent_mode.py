@@ -25,6 +25,10 @@ from tensordict import TensorDict
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import compare
 
+from recurrl.functional.recurrent import RNNConfig
+from recurrl.functional.recurrent.pad_flush import flush_unroll
+from recurrl.functional.recurrent.pad_frozen import frozen_unroll
+from recurrl.functional.sequences import split_pieces
 from recurrl.modules import GRUModule, LSTMModule, set_recurrent_mode
 
 B, T, F = 32, 64, 16
@@ -99,6 +103,54 @@ def run(hidden_sizes: list[int], rounds: int, clock=time.perf_counter) -> list[s
     return rows
 
 
+def _windows(cfg, weights, x, states, is_init, *, training):
+    return frozen_unroll(cfg, weights, x, states, split_pieces(is_init), training=training)
+
+
+def _layout(unroll, cfg, weights, obs, states, is_init):
+    def fn():
+        x = obs.clone().requires_grad_(True)
+        y, _ = unroll(cfg, weights, x, states, is_init, training=False)
+        y.sum().backward()
+
+    return fn
+
+
+def run_layouts(hidden_sizes: list[int], rounds: int, clock=time.perf_counter) -> None:
+    """``pad``'s two fused layouts on restarts from zeros, the backend alone (no TensorDict)."""
+    for kind in ("lstm", "gru"):
+        for hidden in hidden_sizes:
+            torch.manual_seed(0)
+            rnn = (torch.nn.LSTM if kind == "lstm" else torch.nn.GRU)(F, hidden, batch_first=True)
+            weights = list(rnn._flat_weights)
+            cfg = RNNConfig(kind, F, hidden)
+            x_plain = torch.randn(B, T, F, requires_grad=True)
+            for mean_episode in (16, 4):
+                td = make_batch(kind, hidden, mean_episode, "zero")
+                states = tuple(td[k] for k in (["h", "c"] if kind == "lstm" else ["h"]))
+                is_init = td["is_init"].squeeze(-1)
+
+                def plain(rnn=rnn, x=x_plain):
+                    rnn(x)[0].sum().backward()
+
+                args = (cfg, weights, td["obs"], states, is_init)
+                times = compare(
+                    {
+                        "plain": plain,
+                        "flush": _layout(flush_unroll, *args),
+                        "windows": _layout(_windows, *args),
+                    },
+                    rounds=rounds,
+                    clock=clock,
+                )
+                print(
+                    f"{kind.upper():4} H={hidden:<4} ep~{mean_episode:<3} restart=zero  "
+                    f"flush={times['flush'] / times['plain']:.2f}x  "
+                    f"windows={times['windows'] / times['plain']:.2f}x",
+                    flush=True,
+                )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -110,13 +162,22 @@ def main() -> None:
         help="time the CPU time of the calling thread instead of wall time (with --threads 1: "
         "steadier on a shared machine, where other processes take the core away)",
     )
+    parser.add_argument(
+        "--layouts",
+        action="store_true",
+        help="instead: pad's two fused layouts (flush steps, piece-grid windows), backend alone",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.cpu_time and torch.get_num_threads() != 1:
         parser.error("--cpu-time counts the calling thread only: use it with --threads 1")
     print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, B={B} T={T} F={F}")
-    run(args.hidden, args.rounds, time.thread_time if args.cpu_time else time.perf_counter)
+    clock = time.thread_time if args.cpu_time else time.perf_counter
+    if args.layouts:
+        run_layouts(args.hidden, args.rounds, clock)
+    else:
+        run(args.hidden, args.rounds, clock)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ _MARGIN = 800.0  # exp(800) overflows float64 (and float32): sigmoid(-s) == 0.0 
 #: Work besides the fused call, in row-steps per real (row, step), measured (forward+backward,
 #: 1 thread): the gathers, and for the LSTM the recomputation of ``c`` (a matmul of 3/4 of the
 #: forward's, one sigmoid, the recurrence).
-_EXTRA_COST = {"lstm": 0.6, "gru": 0.4}
+_EXTRA_COST = {"lstm": 0.5, "gru": 0.4}
 
 
 def flush_applies(states: tuple[Tensor, ...], is_init: Tensor) -> bool:
