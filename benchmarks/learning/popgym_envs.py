@@ -38,12 +38,10 @@ ENVS: dict[str, tuple[str, int, tuple[float, float]]] = {
 MEMORIES = {"gru": "PPO-GRU", "none": "PPO feed-forward"}
 #: `recurrl train` PPO defaults except: the reward scale (popgym's per-step rewards are already
 #: small, 1/48 and 1/200; the default 0.1 would shrink the value targets further), and the
-#: CartPole-masked tuning (observations x10, entropy annealed to 0, clip range annealed to
-#: 0.05), which these figures predate: observations unscaled, a constant entropy weight and a
-#: constant clip range.
+#: CartPole-masked tuning (observations x10, entropy annealed to 0), which these figures
+#: predate: observations unscaled and a constant entropy weight.
 OPTIONS = [
     "--reward-scale", "1", "--obs-scale", "1", "--entropy-coef-end", "none",
-    "--clip-epsilon-end", "none",
     "--num-threads", "1", "--no-tensorboard", "--no-plot",
 ]  # fmt: skip
 

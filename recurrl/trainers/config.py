@@ -148,8 +148,7 @@ class PPOConfig:
 
     The defaults were tuned on CartPole-masked with an LSTM and a GRU (seeds 0-2): after 50k
     frames the training return (sampled actions) is >= 450 and the greedy policy returns
-    500; with ``frames=100_000`` (the schedules stretch over the longer run) both reach a
-    training return of 500 (see ``benchmarks/learning/README.md``).
+    about 500 (see ``benchmarks/learning/README.md``).
     """
 
     frames: int = 50_000
@@ -173,10 +172,9 @@ class PPOConfig:
     """GAE lambda."""
     clip_epsilon: float = 0.2
     """PPO ratio clip range (at the start of the run)."""
-    clip_epsilon_end: float | None = 0.05
+    clip_epsilon_end: float | None = None
     """PPO ratio clip range at the end: it moves linearly from clip_epsilon to this over
-    `frames` (smaller policy steps late in the run, when the policy is nearly
-    deterministic); None keeps clip_epsilon throughout."""
+    `frames` (smaller policy steps late in the run); None keeps clip_epsilon throughout."""
     entropy_coef: float = 0.01
     """Weight of the entropy bonus at the start of the run."""
     entropy_coef_end: float | None = 0.0
