@@ -90,7 +90,9 @@ def test_lr_entropy_weight_and_clip_range_follow_linear_schedules(tmp_path):
 
 
 def test_entropy_weight_and_clip_range_are_constant_without_an_end_value(tmp_path):
-    trainer = _trainer(tmp_path, entropy_coef=0.03, entropy_coef_end=None, anneal_lr=False)
+    trainer = _trainer(
+        tmp_path, entropy_coef=0.03, entropy_coef_end=None, clip_epsilon_end=None, anneal_lr=False
+    )
     trainer.collector.frames = 300
     trainer._set_schedules()
     assert trainer.loss.entropy_coef == 0.03
