@@ -171,7 +171,10 @@ class PPOConfig:
     gae_lambda: float = 0.95
     """GAE lambda."""
     clip_epsilon: float = 0.2
-    """PPO ratio clip range."""
+    """PPO ratio clip range (at the start of the run)."""
+    clip_epsilon_end: float | None = None
+    """PPO ratio clip range at the end: it moves linearly from clip_epsilon to this over
+    `frames` (smaller policy steps late in the run); None keeps clip_epsilon throughout."""
     entropy_coef: float = 0.01
     """Weight of the entropy bonus at the start of the run."""
     entropy_coef_end: float | None = 0.0
@@ -213,6 +216,13 @@ class PPOConfig:
                     f"PPOConfig: {name} must be a number >= 0 (0 disables the entropy "
                     f"bonus), received {value!r}."
                 )
+        if self.clip_epsilon_end is not None and not (
+            isinstance(self.clip_epsilon_end, (int, float)) and self.clip_epsilon_end > 0
+        ):
+            raise ValueError(
+                f"PPOConfig: clip_epsilon_end must be a number > 0 (None keeps clip_epsilon), "
+                f"received {self.clip_epsilon_end!r}."
+            )
         if self.lr <= 0 or self.clip_epsilon <= 0 or self.max_grad_norm < 0:
             raise ValueError(
                 "PPOConfig: lr and clip_epsilon must be > 0 and max_grad_norm >= 0, received "

@@ -113,8 +113,8 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ one batch
     def _set_schedules(self) -> None:
-        """Learning rate and entropy weight of the next batch (functions of the frames done,
-        so a resumed run follows the same schedule)."""
+        """Learning rate, entropy weight and clip range of the next batch (functions of the
+        frames done, so a resumed run follows the same schedule)."""
         p = self.cfg.ppo
         progress = self.collector.frames / p.frames
         if p.anneal_lr:
@@ -123,6 +123,9 @@ class PPOTrainer:
         if p.entropy_coef_end is not None:
             coef = p.entropy_coef + (p.entropy_coef_end - p.entropy_coef) * progress
             self.loss.entropy_coef = coef
+        if p.clip_epsilon_end is not None:
+            eps = p.clip_epsilon + (p.clip_epsilon_end - p.clip_epsilon) * progress
+            self.loss.clip_epsilon = eps
 
     def update(self, batch: TensorDictBase) -> dict[str, float]:
         """GAE on ``batch`` then ``epochs`` of minibatch updates; returns mean diagnostics."""
@@ -176,6 +179,7 @@ class PPOTrainer:
                 "recent_return": sum(self.recent) / len(self.recent) if self.recent else math.nan,
                 "lr": lr,
                 "entropy_coef": self.loss.entropy_coef,
+                "clip_epsilon": self.loss.clip_epsilon,
                 **stats,
                 "fps": (frames - start_frames) / max(elapsed, 1e-9),
                 "time_s": elapsed,

@@ -36,6 +36,12 @@ def test_options_map_to_fields():
     assert cfg.ppo.anneal_lr is False and cfg.env.max_episode_steps == 50
 
 
+def test_optional_schedule_ends_accept_none():
+    cfg = parse_train("--clip-epsilon-end", "none", "--entropy-coef-end", "0.002")
+    assert cfg.ppo.clip_epsilon_end is None and cfg.ppo.entropy_coef_end == 0.002
+    assert parse_train("--clip-epsilon-end", "0.1").ppo.clip_epsilon_end == 0.1
+
+
 def test_help_shows_field_docstrings(capsys):
     with pytest.raises(SystemExit) as info:
         main(["train", "--help"])

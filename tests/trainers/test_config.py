@@ -72,6 +72,7 @@ def test_discrete_algo_rejects_continuous_actions():
         (lambda: PPOConfig(obs_scale=0.0), "obs_scale must be > 0"),
         (lambda: PPOConfig(entropy_coef=-0.01), "entropy_coef must be a number >= 0"),
         (lambda: PPOConfig(entropy_coef_end=-1.0), "entropy_coef_end must be a number >= 0"),
+        (lambda: PPOConfig(clip_epsilon_end=0.0), "clip_epsilon_end must be a number > 0"),
         (lambda: RunConfig(device="gpu0"), "invalid device"),
         (lambda: TrainConfig(algo="sac"), "unknown algo"),
     ],

@@ -70,24 +70,33 @@ def _trainer(tmp_path, **ppo):
     return PPOTrainer(cfg)
 
 
-def test_entropy_weight_and_lr_follow_linear_schedules(tmp_path):
-    trainer = _trainer(tmp_path, lr=1e-3, entropy_coef=0.02, entropy_coef_end=0.0)
+def test_lr_entropy_weight_and_clip_range_follow_linear_schedules(tmp_path):
+    trainer = _trainer(
+        tmp_path, lr=1e-3, entropy_coef=0.02, entropy_coef_end=0.0, clip_epsilon=0.2,
+        clip_epsilon_end=0.1,
+    )  # fmt: skip
     seen = []
     for frames in (0, 100, 300):
         trainer.collector.frames = frames
         trainer._set_schedules()
-        seen.append((trainer.optimizer.param_groups[0]["lr"], trainer.loss.entropy_coef))
-    expected = [(1e-3, 0.02), (0.75e-3, 0.015), (0.25e-3, 0.005)]
+        seen.append(
+            (trainer.optimizer.param_groups[0]["lr"], trainer.loss.entropy_coef,
+             trainer.loss.clip_epsilon)
+        )  # fmt: skip
+    expected = [(1e-3, 0.02, 0.2), (0.75e-3, 0.015, 0.175), (0.25e-3, 0.005, 0.125)]
     assert torch.allclose(
         torch.tensor(seen, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64)
     )
 
 
-def test_entropy_weight_is_constant_without_an_end_value(tmp_path):
-    trainer = _trainer(tmp_path, entropy_coef=0.03, entropy_coef_end=None, anneal_lr=False)
+def test_entropy_weight_and_clip_range_are_constant_without_an_end_value(tmp_path):
+    trainer = _trainer(
+        tmp_path, entropy_coef=0.03, entropy_coef_end=None, clip_epsilon_end=None, anneal_lr=False
+    )
     trainer.collector.frames = 300
     trainer._set_schedules()
     assert trainer.loss.entropy_coef == 0.03
+    assert trainer.loss.clip_epsilon == trainer.cfg.ppo.clip_epsilon  # clip_epsilon_end None
     assert trainer.optimizer.param_groups[0]["lr"] == trainer.cfg.ppo.lr
 
 
