@@ -94,6 +94,7 @@ def test_same_seed_same_numbers(tmp_path, capsys):
         ["--memory", "gru", "--slice-len", "16", "--num-minibatches", "4"],
         ["--memory", "none"],
         ["--shared-trunk"],
+        ["--clip-epsilon-end", "0.05"],  # the clip range schedule resumes where it was
     ],
 )
 def test_resume_replays_the_uninterrupted_run(tmp_path, capsys, extra):
