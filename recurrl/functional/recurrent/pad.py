@@ -14,8 +14,11 @@ original layout, i.e. plain ``nn.LSTM``.
 
 With torch's fused kernels (``fused_weights`` given, the modules' default), the windows are
 merged into a few calls whose padding steps are frozen exactly, see
-:mod:`recurrl.functional.recurrent.pad_frozen`; the plain windows above serve custom runners
-(python-based modules), whose weights cannot take the freezing input column.
+:mod:`recurrl.functional.recurrent.pad_frozen`; when every restart inside a row starts from
+zeros (a collector's batches), the rows may instead stay whole with a flush step before each
+restart, see :mod:`recurrl.functional.recurrent.pad_flush`; the cheaper estimate wins. The
+plain windows above serve custom runners (python-based modules), whose weights cannot take
+the extra input column.
 """
 
 from __future__ import annotations
