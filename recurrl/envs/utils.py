@@ -117,6 +117,9 @@ def step_mdp(
     return out
 
 
+_MASK_MEMO: list = [None]
+
+
 def get_reset_mask(
     tensordict: TensorDictBase | None,
     batch_size: torch.Size | Sequence[int],
@@ -141,18 +144,37 @@ def get_reset_mask(
     """
     if tensordict is None:
         return None
-    mask = tensordict.get(reset_key, None)
-    if mask is None:
+    raw = tensordict.get(reset_key, None)
+    if raw is None:
         return None
-    batch = torch.Size(batch_size)
-    if mask.shape == (*batch, 1):
-        mask = mask.squeeze(-1)
-    elif mask.shape != batch:
+    # One partial reset reads the same mask in the env, its base env and every transform:
+    # the last answer is kept for the same tensor and batch size while neither the tensor
+    # nor the answer is modified (version counters). The entry holds both tensors, so
+    # their ids cannot be reused; it is one tuple, replaced whole (thread-safe).
+    batch = tuple(batch_size)
+    entry = _MASK_MEMO[0]
+    if (
+        entry is not None
+        and entry[0] is raw
+        and entry[1] == raw._version
+        and entry[2] == batch
+        and entry[4] == entry[3]._version
+    ):
+        return entry[3]
+    if raw.shape == (*batch, 1):
+        mask = raw.squeeze(-1)
+    elif raw.shape == batch:
+        mask = raw
+    else:
         raise ValueError(
             f"reset mask {reset_key!r}: expected a bool tensor of shape {(*batch, 1)} or "
-            f"{tuple(batch)}, received shape {tuple(mask.shape)}."
+            f"{batch}, received shape {tuple(raw.shape)}."
         )
-    return mask.bool()
+    mask = mask.bool()
+    if mask is raw or mask._base is raw:  # not a view: writes to it must not reach `raw`
+        mask = mask.clone()
+    _MASK_MEMO[0] = (raw, raw._version, batch, mask, mask._version)
+    return mask
 
 
 def where_reset(

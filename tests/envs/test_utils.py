@@ -109,6 +109,26 @@ class TestResetMask:
         td = TensorDict({("a", "_reset"): torch.ones(2, 1, dtype=torch.bool)}, batch_size=[2])
         assert get_reset_mask(td, [2], reset_key=("a", "_reset")).all()
 
+    def test_repeated_reads_follow_changes(self):
+        # The last answer is reused for the same unmodified tensor only.
+        raw = torch.tensor([[True], [False]])
+        td = TensorDict({"_reset": raw}, batch_size=[2])
+        first = get_reset_mask(td, [2])
+        assert get_reset_mask(td, [2]) is first
+        first[1] = True  # a caller editing the answer does not change the next one
+        assert get_reset_mask(td, [2]).tolist() == [True, False]
+        assert raw.tolist() == [[True], [False]]  # nor the input
+        raw[1] = True  # an in-place edit of the input is seen
+        assert get_reset_mask(td, [2]).tolist() == [True, True]
+        td["_reset"] = torch.tensor([[False], [False]])  # a new tensor
+        assert get_reset_mask(td, [2]).tolist() == [False, False]
+        flat = TensorDict({"_reset": torch.tensor([True, False])}, batch_size=[2])
+        mask = get_reset_mask(flat, [2])
+        mask[0] = False
+        assert flat["_reset"].tolist() == [True, False]
+        with pytest.raises(ValueError, match="expected a bool tensor"):
+            get_reset_mask(TensorDict({"_reset": raw}, batch_size=[]), [])
+
     def test_bad_shape(self):
         td = TensorDict({"_reset": torch.ones(2, 2, dtype=torch.bool)}, batch_size=[2])
         with pytest.raises(ValueError, match=r"expected a bool tensor of shape \(2, 1\)"):

@@ -40,6 +40,9 @@ class InitTracker(Transform):
                 [ True]])
     """
 
+    # On a partial reset _reset writes out_keys already merged with the current values.
+    _partial_reset_merges = True
+
     def __init__(self, init_key: NestedKey = "is_init") -> None:
         super().__init__(in_keys=[], out_keys=[init_key])
         self.init_key = init_key

@@ -65,6 +65,9 @@ class TensorDictPrimer(Transform):
         12.0
     """
 
+    # On a partial reset _reset writes out_keys already merged with the current values.
+    _partial_reset_merges = True
+
     def __init__(
         self,
         primers: Mapping[NestedKey, TensorSpec] | Composite | None = None,

@@ -6,7 +6,7 @@ import copy
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
-from tensordict import NestedKey, TensorDict, TensorDictBase
+from tensordict import NestedKey, TensorDict, TensorDictBase, unravel_key
 from torch import nn
 
 from recurrl.envs.common import EnvBase
@@ -255,6 +255,26 @@ def _iter_transforms(transform: Transform) -> Iterator[Transform]:
             yield from _iter_transforms(t)
 
 
+def _merged_on_partial_reset(transform: Transform) -> set[NestedKey]:
+    """Keys whose partial-reset values the transforms already merged with the current ones.
+
+    A transform class may promise, with a class attribute ``_partial_reset_merges = True``
+    set in its own class body (a subclass does not inherit the promise), that on a partial
+    reset its ``_reset`` writes each of its ``out_keys`` as the reset value for the envs
+    being reset and the current value for the others, and writes no other key. When every
+    transform of the env promises it, their ``out_keys`` need no merge afterwards;
+    otherwise every key is merged (a later transform might rewrite one).
+    """
+    keys: set[NestedKey] = set()
+    for t in _iter_transforms(transform):
+        if isinstance(t, Compose):
+            continue
+        if not type(t).__dict__.get("_partial_reset_merges", False):
+            return set()
+        keys.update(unravel_key(k) for k in t.out_keys)
+    return keys
+
+
 class TransformedEnv(EnvBase):
     """An env whose outputs and specs go through a (Compose of) transform(s).
 
@@ -390,7 +410,8 @@ class TransformedEnv(EnvBase):
         out = self.base_env._reset_proc(tensordict.exclude(*kept), **kwargs)
         self.base_env._check_output(out, "reset")
         out = self.transform._reset(tensordict, out)
-        return merge_reset(mask, out, tensordict, kept)
+        merged = _merged_on_partial_reset(self.transform)
+        return merge_reset(mask, out, tensordict, [k for k in kept if unravel_key(k) not in merged])
 
     def _step_proc(self, tensordict: TensorDictBase) -> TensorDictBase:
         next_td = self.base_env._step_proc(tensordict)

@@ -25,6 +25,7 @@ from recurrl.envs import (
     find_transform,
 )
 from recurrl.envs.specs import Bounded
+from recurrl.envs.transforms.transform import _merged_on_partial_reset
 from recurrl.testing import CountingEnv
 
 
@@ -222,6 +223,31 @@ class TestTransformedEnv:
         assert out["observation"][:, 0].tolist() == [10.0, 11.0]
         td["_reset"] = torch.tensor([[False], [False]])
         assert env.reset(td)["observation"][:, 0].tolist() == [11.0, 11.0]
+
+    def test_partial_reset_merge_skipped_only_on_promise(self):
+        # InitTracker and the primer merge their keys themselves on a partial reset; a
+        # transform without that promise, even a subclass of one, gets every key merged.
+        class Marker(InitTracker):
+            def _reset(self, tensordict, tensordict_reset):
+                tensordict_reset.set(self.init_key, self._flag(tensordict_reset, True))
+                return tensordict_reset  # every env flagged: needs the env's merge
+
+        primer = TensorDictPrimer(h=Unbounded((3,)))
+        promised = TransformedEnv(CountingEnv(batch_size=(2,)), Compose(InitTracker(), primer))
+        assert _merged_on_partial_reset(promised.transform) == {"is_init", "h"}
+        marked = TransformedEnv(CountingEnv(batch_size=(2,)), Marker())
+        assert _merged_on_partial_reset(marked.transform) == set()
+        mixed = TransformedEnv(CountingEnv(batch_size=(2,)), Compose(InitTracker(), RewardSum()))
+        assert _merged_on_partial_reset(mixed.transform) == set()
+        td = marked.step_mdp(marked.step(marked.rand_action(marked.reset())))
+        td["_reset"] = torch.tensor([[True], [False]])
+        assert marked.reset(td)["is_init"].squeeze(-1).tolist() == [True, False]
+        td = promised.step_mdp(promised.step(promised.rand_action(promised.reset())))
+        td["h"] = torch.ones(2, 3)
+        td["_reset"] = torch.tensor([[False], [True]])
+        out = promised.reset(td)
+        assert out["is_init"].squeeze(-1).tolist() == [False, True]
+        assert out["h"].tolist() == [[1.0] * 3, [0.0] * 3]
 
     def test_copy_and_pickle_reattach(self):
         env = TransformedEnv(CountingEnv(), Compose(InitTracker(), Scale()))
