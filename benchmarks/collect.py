@@ -116,14 +116,13 @@ def breakdown(collector: Collector, frames: int) -> str:
 
         return wrapper
 
-    env, policy = collector.env, collector.policy
+    env = collector.env
     env.step, env.reset = timed("env.step", env.step), timed("env.reset", env.reset)
-    collector.policy = timed("policy", policy)
+    collector._act = timed("policy", collector._act)
     start = time.perf_counter()
     collector.rollout()
     total = time.perf_counter() - start
-    del env.step, env.reset
-    collector.policy = policy
+    del env.step, env.reset, collector._act
     spent["collector"] = total - sum(spent.values())
     parts = ", ".join(f"{k} {v / total:.0%}" for k, v in spent.items())
     return f"breakdown ({total / frames * 1e6:.0f} us/frame): {parts}"

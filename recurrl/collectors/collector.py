@@ -12,6 +12,7 @@ import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 from torch import nn
 
+from recurrl.collectors._policy_plan import plan_policy
 from recurrl.collectors._wiring import register_policy_transforms
 from recurrl.envs import EnvBase
 from recurrl.envs.utils import RESET_KEY
@@ -246,12 +247,12 @@ class Collector:
         self._traj_ids = self._traj_ids.masked_scatter(starts, ids)
         self._next_traj_id += count
 
-    def _act(self, root: TensorDictBase, random: bool) -> TensorDictBase:
-        if random or self.policy is None:
+    def _act(self, root: TensorDictBase, random: bool, policy: Policy | None) -> TensorDictBase:
+        if random or policy is None:
             return self.env.rand_action(root)
         moved = self.device is not None and self.device != self.env.device
         td = root.to(self.device) if moved else root
-        out = self.policy(td)
+        out = policy(td)
         if out is None:
             out = td
         elif not isinstance(out, TensorDictBase):
@@ -276,10 +277,13 @@ class Collector:
         ids: list[torch.Tensor] = []
         chunks: list[TensorDictBase] = []
         plan = None
+        # The usual policy composition called without tensordict's generic machinery (same
+        # result; see _policy_plan), re-planned every batch in case the policy was edited.
+        policy = plan_policy(self.policy) or self.policy
         # One context for the whole batch, not one per step (it costs a few us each time).
         with torch.no_grad(), set_recurrent_mode(False):
             for t in range(self._steps):
-                td = env.step(self._act(root, random))
+                td = env.step(self._act(root, random, policy))
                 steps.append(td)
                 ids.append(self._traj_ids)
                 done = _any_done(td, done_keys, env.batch_size)
