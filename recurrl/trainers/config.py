@@ -148,8 +148,9 @@ class PPOConfig:
 
     The defaults were tuned on CartPole-masked with an LSTM and a GRU (seeds 0-2): after 50k
     frames the training return (sampled actions) is >= 450 and the greedy policy returns
-    about 500 (see ``benchmarks/learning/README.md``, which also gives the 100k-frame recipe,
-    ``clip_epsilon_end=0.05``, and its limits).
+    about 500 (see ``benchmarks/learning/README.md``, which also gives the 100k-frame recipes,
+    ``clip_epsilon_end=0.05``, with ``normalize_advantage=False`` for the LSTM, and their
+    limits).
     """
 
     frames: int = 50_000
