@@ -131,10 +131,6 @@ def _write(mod: TensorDictModule, td: TensorDictBase, out: Any, out_keys: list) 
     return td
 
 
-def _call(module: nn.Module) -> Step:
-    return module
-
-
 def _sequence_step(seq: TensorDictSequential) -> Step:
     steps = [_plan(m) for m in seq._module_iter()]
 
@@ -156,7 +152,7 @@ def _plan(module: Any) -> Step:
         return _sequence_step(module)
     if isinstance(module, nn.Module) and _plain_module(module):
         return _module_step(module)
-    return _call(module)
+    return module  # called as it is
 
 
 def plan_policy(policy: Any) -> Step | None:
