@@ -171,7 +171,7 @@ def get_reset_mask(
             f"{batch}, received shape {tuple(raw.shape)}."
         )
     mask = mask.bool()
-    if mask is raw or mask._base is raw:  # not a view: writes to it must not reach `raw`
+    if mask is raw or mask._base is raw:  # a copy, so that writes to it cannot reach `raw`
         mask = mask.clone()
     _MASK_MEMO[0] = (raw, raw._version, batch, mask, mask._version)
     return mask
