@@ -9,7 +9,8 @@ themselves: every wrapper goes through ``nn.Module.__call__``, the ``dispatch`` 
 :func:`plan_policy` recognises that composition when nothing in it uses those features
 (no hooks, plain keyword-free wrappers writing in place, default sequence options) and
 returns a function that reads the ``in_keys``, calls the wrapped networks and writes the
-``out_keys`` directly. Anything it does not recognise is called as it is, so the plan of a
+``out_keys`` directly; recurrl's ``LSTMModule``/``GRUModule`` without hooks are called
+through their ``forward``. Anything it does not recognise is called as it is, so the plan of a
 policy it cannot improve is the policy itself (or ``None``: call the policy). Tests compare
 the plan with the policy on many compositions, including every case it must refuse.
 """
@@ -23,6 +24,8 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import Tensor, nn
 from torch.nn.modules import module as _torch_module
+
+from recurrl.modules import GRUModule, LSTMModule
 
 __all__ = ["plan_policy"]
 
@@ -147,11 +150,23 @@ def _sequence_step(seq: TensorDictSequential) -> Step:
     return step
 
 
+def _plain_recurrent(module: nn.Module) -> bool:
+    """recurrl's own ``LSTMModule``/``GRUModule`` (not a subclass), without hooks and not
+    compiled with ``module.compile()``: calling it is calling its ``forward``."""
+    return (
+        type(module) in (LSTMModule, GRUModule)
+        and not _has_hooks(module)
+        and getattr(module, "_compiled_call_impl", None) is None
+    )
+
+
 def _plan(module: Any) -> Step:
     if isinstance(module, nn.Module) and _plain_sequence(module):
         return _sequence_step(module)
     if isinstance(module, nn.Module) and _plain_module(module):
         return _module_step(module)
+    if isinstance(module, nn.Module) and _plain_recurrent(module):
+        return module.forward  # reads the recurrent mode at every call, as module(td) does
     return module  # called as it is
 
 

@@ -126,6 +126,44 @@ def test_wrappers_with_options_run_through_the_wrapper():
     assert calls == ["hook", "hook"]  # the policy's call and the plan's
 
 
+def test_recurrent_modules_called_through_forward_unless_hooked_or_subclassed():
+    plain = lstm()
+    cells = [c.cell_contents for c in plan_policy(TensorDictSequential(plain)).__closure__]
+    (steps,) = [c for c in cells if isinstance(c, list)]
+    assert steps == [plain.forward]  # bound method: no nn.Module.__call__
+
+    calls = []
+    hooked = lstm()
+    hooked.register_forward_hook(lambda *args: calls.append("hook"))
+
+    class Sub(LSTMModule):
+        pass
+
+    sub = Sub(
+        F, H, in_keys=["observation", "h", "c"], out_keys=["feat2", ("next", "h"), ("next", "c")]
+    )
+    same(TensorDictSequential(plain, hooked, sub))
+    assert calls == ["hook", "hook"]  # the policy's call and the plan's
+
+
+def test_planned_recurrent_module_follows_the_recurrent_mode():
+    module = lstm()
+    plan = plan_policy(TensorDictSequential(module))
+    data = TensorDict(
+        {
+            "observation": torch.randn(B, 6, F),
+            "h": torch.zeros(B, 6, 1, H),
+            "c": torch.zeros(B, 6, 1, H),
+            "is_init": torch.zeros(B, 6, 1, dtype=torch.bool),
+        },
+        batch_size=[B, 6],
+    )
+    with torch.no_grad(), set_recurrent_mode(True):
+        got = plan(data.clone())
+        expected = module(data.clone())
+    assert torch.equal(got["feat"], expected["feat"])
+
+
 def test_missing_input_raises_like_the_wrapper():
     policy = TensorDictSequential(
         TensorDictModule(nn.Linear(F, 2), in_keys=["absent"], out_keys=["y"])
