@@ -11,7 +11,7 @@ from torch import nn
 
 from recurrl.envs.common import EnvBase
 from recurrl.envs.specs import Composite
-from recurrl.envs.utils import get_reset_mask, merge_reset
+from recurrl.envs.utils import get_reset_mask, merge_reset, reset_mask_any_all
 
 __all__ = ["Compose", "Transform", "TransformedEnv", "find_transform"]
 
@@ -195,6 +195,7 @@ class Compose(Transform):
         _check_transform(transform)
         transform._set_parent(self.parent)
         self.transforms.insert(index, transform)
+        self._invalidate_parent_specs()
 
     def pop(self, index: int = -1) -> Transform:
         """Remove and return the transform at ``index`` (detached from the env)."""
@@ -202,7 +203,14 @@ class Compose(Transform):
         transform = self.transforms[index]
         del self.transforms[index]
         transform._set_parent(None)
+        self._invalidate_parent_specs()
         return transform
+
+    def _invalidate_parent_specs(self) -> None:
+        # The env's specs (and what it caches from them) pass through these transforms.
+        invalidate = getattr(self.parent, "_invalidate_specs", None)
+        if invalidate is not None:
+            invalidate()
 
     def _reset(
         self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
@@ -401,8 +409,8 @@ class TransformedEnv(EnvBase):
             if tensordict is None:
                 tensordict = TensorDict({}, batch_size=self.batch_size, device=self.device)
             return self.transform._reset(tensordict, out)
-        kept = [k for k, _ in self._keys("observation", "state", "done")]
-        if not bool(mask.any()):
+        kept, to_merge = self._partial_reset_keys()
+        if not reset_mask_any_all(mask)[0]:
             return tensordict.select(*kept, strict=False)
         # Partial reset: the input holds *transformed* values, so the non-reset envs are
         # merged back here, after the transforms, not by the base env (an in-place
@@ -410,8 +418,20 @@ class TransformedEnv(EnvBase):
         out = self.base_env._reset_proc(tensordict.exclude(*kept), **kwargs)
         self.base_env._check_output(out, "reset")
         out = self.transform._reset(tensordict, out)
-        merged = _merged_on_partial_reset(self.transform)
-        return merge_reset(mask, out, tensordict, [k for k in kept if unravel_key(k) not in merged])
+        return merge_reset(mask, out, tensordict, to_merge)
+
+    def _partial_reset_keys(self) -> tuple[list[NestedKey], list[NestedKey]]:
+        """The observation, state and done keys, and those a partial reset must merge
+        (not merged by the transforms already); cached per specs version, which every
+        change of the transforms bumps."""
+        version = self._specs_version()
+        cached = self.__dict__.get("_partial_reset_cache")
+        if cached is None or cached[0] != version:
+            kept = [k for k, _ in self._keys("observation", "state", "done")]
+            merged = _merged_on_partial_reset(self.transform)
+            cached = (version, kept, [k for k in kept if unravel_key(k) not in merged])
+            self.__dict__["_partial_reset_cache"] = cached
+        return cached[1], cached[2]
 
     def _step_proc(self, tensordict: TensorDictBase) -> TensorDictBase:
         next_td = self.base_env._step_proc(tensordict)

@@ -205,6 +205,21 @@ class TestTransformedEnv:
         td = outer.reset()
         assert {"is_init", "scaled", "h"} <= set(td.keys())
 
+    def test_specs_follow_edits_of_the_compose(self):
+        # Editing env.transform directly must not leave stale specs (or the partial-reset
+        # keys cached from them) behind.
+        env = TransformedEnv(CountingEnv(batch_size=(2,)), InitTracker())
+        td = env.step_mdp(env.step(env.rand_action(env.reset())))
+        td["_reset"] = torch.tensor([[True], [False]])
+        env.reset(td)  # caches the keys of a partial reset
+        env.transform.append(RewardSum())
+        assert "episode_reward" in env.observation_spec
+        td["episode_reward"] = torch.ones(2, 1)
+        out = env.reset(td)  # RewardSum promises nothing: every key is merged
+        assert out["episode_reward"].squeeze(-1).tolist() == [0.0, 1.0]
+        env.transform.pop()
+        assert "episode_reward" not in env.observation_spec
+
     def test_partial_reset_merges_after_in_place_transforms(self):
         class AddTen(Transform):
             def _reset(self, tensordict, tensordict_reset):
