@@ -15,7 +15,7 @@ from torch import nn
 from recurrl.collectors._policy_plan import plan_policy
 from recurrl.collectors._wiring import register_policy_transforms
 from recurrl.envs import EnvBase
-from recurrl.envs.utils import RESET_KEY
+from recurrl.envs.utils import RESET_KEY, tensordict_of_checked
 from recurrl.modules import set_recurrent_mode
 
 __all__ = ["Collector"]
@@ -443,4 +443,4 @@ class _MdpPlan:
         source = {k: td.get(k) for k in self.keep}
         for k in self.promote:
             source[k] = nxt.get(k)
-        return TensorDict(source, batch_size=td.batch_size, device=td.device)
+        return tensordict_of_checked(source, td.batch_size, td.device)

@@ -11,7 +11,13 @@ from tensordict import NestedKey, TensorDict, TensorDictBase
 from torch import nn
 
 from recurrl.envs.specs import Categorical, Composite, TensorSpec, Unbounded
-from recurrl.envs.utils import RESET_KEY, get_reset_mask, merge_reset, step_mdp
+from recurrl.envs.utils import (
+    RESET_KEY,
+    get_reset_mask,
+    merge_reset,
+    reset_mask_any_all,
+    step_mdp,
+)
 
 if TYPE_CHECKING:
     from recurrl.envs.transforms.transform import Transform, TransformedEnv
@@ -352,7 +358,7 @@ class EnvBase(nn.Module, metaclass=abc.ABCMeta):
         if tensordict is not None:
             self._check_input(tensordict, "reset")
             mask = get_reset_mask(tensordict, self.batch_size)
-            if mask is not None and bool(mask.all()):
+            if mask is not None and reset_mask_any_all(mask)[1]:
                 # Every env resets: the plain path gives the same result without the
                 # per-key merging of a partial reset (a single env's resets all take it).
                 tensordict = tensordict.exclude(RESET_KEY)
@@ -371,7 +377,7 @@ class EnvBase(nn.Module, metaclass=abc.ABCMeta):
         """Run ``_reset`` and merge the non-reset envs back (overridden by TransformedEnv)."""
         mask = get_reset_mask(tensordict, self.batch_size)
         kept = self._keys("observation", "state", "done")
-        if mask is not None and tensordict is not None and not bool(mask.any()):
+        if mask is not None and tensordict is not None and not reset_mask_any_all(mask)[0]:
             # Nothing to reset: the current values are the answer.
             return tensordict.select(*(k for k, _ in kept), strict=False)
         out = self._reset(tensordict, **kwargs)

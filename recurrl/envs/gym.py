@@ -28,6 +28,7 @@ from recurrl.envs.specs import (
     TensorSpec,
     Unbounded,
 )
+from recurrl.envs.utils import tensordict_of_checked
 
 __all__ = ["ENV_ID_PACKAGES", "GymEnv", "import_env_package", "space_to_spec"]
 
@@ -144,8 +145,9 @@ def numpy_to_tensor(value: Any, space: spaces.Space, spec: TensorSpec) -> Any:
         if isinstance(spec, OneHot):
             return spec._encode(index.to(spec.device))
         return index.to(device=spec.device, dtype=spec.dtype)
-    array = np.asarray(value)
-    return torch.as_tensor(array, dtype=spec.dtype, device=spec.device).reshape(spec.shape)
+    tensor = torch.as_tensor(np.asarray(value), dtype=spec.dtype, device=spec.device)
+    shape = spec.shape
+    return tensor if tensor.shape == shape else tensor.reshape(shape)  # reshape costs us
 
 
 def tensor_to_numpy(action: torch.Tensor, space: spaces.Space, spec: TensorSpec) -> Any:
@@ -348,7 +350,7 @@ class GymEnv(EnvBase):
         if self._standard_done():
             flags = torch.zeros((3, *self.batch_size, 1), dtype=torch.bool, device=self.device)
             entries["terminated"], entries["truncated"], entries["done"] = flags.unbind(0)
-        return TensorDict(entries, batch_size=self.batch_size, device=self.device)
+        return tensordict_of_checked(entries, self.batch_size, self.device)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         action = tensor_to_numpy(tensordict.get("action"), self._action_space, self.action_spec)
@@ -357,12 +359,17 @@ class GymEnv(EnvBase):
 
     def _step_td(self, obs: Any, reward: Any, terminated: Any, truncated: Any) -> TensorDict:
         entries = self._observation_entries(obs)
-        reward_t = torch.as_tensor(np.asarray(reward, dtype=np.float32), device=self.device)
-        entries["reward"] = reward_t.reshape(*self.batch_size, 1)
+        reward_t = torch.as_tensor(np.asarray(reward, dtype=np.float32))
+        if self.device.type != "cpu":
+            reward_t = reward_t.to(self.device)
+        batch = self.batch_size
+        entries["reward"] = (
+            reward_t.unsqueeze(-1) if reward_t.shape == batch else reward_t.reshape(*batch, 1)
+        )
         entries["terminated"], entries["truncated"], entries["done"] = self._flags(
             terminated, truncated
         )
-        return TensorDict(entries, batch_size=self.batch_size, device=self.device)
+        return tensordict_of_checked(entries, self.batch_size, self.device)
 
     def simulator_state(self) -> bytes:
         """The gymnasium env pickled, with the wrapper's pending flags, for exact checkpoints.

@@ -24,7 +24,7 @@ from tensordict import TensorDictBase
 
 from recurrl.envs.common import EnvBase
 from recurrl.envs.gym import GymEnv, import_env_package, tensor_to_numpy
-from recurrl.envs.utils import get_reset_mask
+from recurrl.envs.utils import get_reset_mask, reset_mask_any_all
 
 __all__ = ["GymVecEnv"]
 
@@ -213,7 +213,7 @@ class GymVecEnv(GymEnv):
         mask = get_reset_mask(tensordict, self.batch_size)
         options = dict(kwargs.pop("options", None) or {})
         reset: Any = slice(None)  # every sub-env
-        if mask is not None and not bool(mask.all()):
+        if mask is not None and not reset_mask_any_all(mask)[1]:
             # EnvBase never calls _reset with an all-False mask (gymnasium rejects it).
             reset = mask.cpu().numpy().astype(np.bool_)
             options["reset_mask"] = reset

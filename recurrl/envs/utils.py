@@ -7,7 +7,15 @@ from collections.abc import Sequence
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase, unravel_key
 
-__all__ = ["RESET_KEY", "get_reset_mask", "merge_reset", "step_mdp", "where_reset"]
+__all__ = [
+    "RESET_KEY",
+    "get_reset_mask",
+    "merge_reset",
+    "reset_mask_any_all",
+    "step_mdp",
+    "tensordict_of_checked",
+    "where_reset",
+]
 
 RESET_KEY = "_reset"
 """Key of the partial-reset mask read by ``env.reset(td)``: bool ``[*B, 1]`` (or ``[*B]``)."""
@@ -177,6 +185,29 @@ def get_reset_mask(
     return mask
 
 
+_ANY_ALL_MEMO: list = [None]
+
+
+def reset_mask_any_all(mask: torch.Tensor) -> tuple[bool, bool]:
+    """``(any, all)`` of a reset mask from :func:`get_reset_mask`, read from it only once.
+
+    A partial reset asks both questions in the env, its base env and the gymnasium wrapper;
+    each answer is a host read of the mask. The last answer is kept for the same unmodified
+    tensor (version counter), like the mask itself.
+
+    Examples:
+        >>> reset_mask_any_all(torch.tensor([True, False]))
+        (True, False)
+    """
+    entry = _ANY_ALL_MEMO[0]
+    if entry is not None and entry[0] is mask and entry[1] == mask._version:
+        return entry[2]
+    count = int(mask.sum())
+    answer = (count > 0, count == mask.numel())
+    _ANY_ALL_MEMO[0] = (mask, mask._version, answer)
+    return answer
+
+
 def where_reset(
     mask: torch.Tensor | None, reset_value: torch.Tensor, current: torch.Tensor | None
 ) -> torch.Tensor:
@@ -234,3 +265,30 @@ def merge_reset(
             value = value.to(fresh.device)
         reset.set(key, torch.where(view, fresh, value))
     return reset
+
+
+_NEW_UNSAFE = getattr(TensorDict, "_new_unsafe", None)
+
+
+def tensordict_of_checked(
+    entries: dict[str, torch.Tensor | dict],
+    batch_size: torch.Size,
+    device: torch.device | None,
+) -> TensorDict:
+    """``TensorDict(entries, batch_size=batch_size, device=device)`` for entries known to fit.
+
+    Every leaf must already have the leading dims ``batch_size`` and live on ``device``
+    (nested dicts become sub-TensorDicts). The env and collector hot paths build such
+    TensorDicts at every step from values they have just made or read from a checked
+    TensorDict; this skips tensordict's per-entry validation, which costs as much as the
+    rest of building them. Falls back to the checked constructor where tensordict lacks
+    the unchecked one.
+
+    Examples:
+        >>> td = tensordict_of_checked({"a": torch.zeros(2, 3)}, torch.Size([2]), None)
+        >>> td.batch_size, td["a"].shape
+        (torch.Size([2]), torch.Size([2, 3]))
+    """
+    if _NEW_UNSAFE is None:  # pragma: no cover - every supported tensordict has it
+        return TensorDict(entries, batch_size=batch_size, device=device)
+    return _NEW_UNSAFE(entries, batch_size=batch_size, device=device)

@@ -4,7 +4,14 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from recurrl.envs.utils import get_reset_mask, merge_reset, step_mdp, where_reset
+from recurrl.envs.utils import (
+    get_reset_mask,
+    merge_reset,
+    reset_mask_any_all,
+    step_mdp,
+    tensordict_of_checked,
+    where_reset,
+)
 
 
 def make_td():
@@ -174,3 +181,34 @@ def test_merge_reset_matches_where_reset_per_key():
     assert torch.equal(out["only_reset"], torch.zeros(3))  # no current value: kept as is
     assert "only_current" not in out
     assert torch.equal(current["obs"], torch.ones(3, 2))  # inputs are not written in place
+
+
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        ([False, False], (False, False)),
+        ([True, False], (True, False)),
+        ([True, True], (True, True)),
+    ],
+)
+def test_reset_mask_any_all(values, expected):
+    assert reset_mask_any_all(torch.tensor(values)) == expected
+
+
+def test_reset_mask_any_all_sees_in_place_changes():
+    mask = torch.tensor([False, False])
+    assert reset_mask_any_all(mask) == (False, False)
+    mask[0] = True  # bumps the version counter: the kept answer is not reused
+    assert reset_mask_any_all(mask) == (True, False)
+    mask.fill_(True)
+    assert reset_mask_any_all(mask) == (True, True)
+
+
+def test_tensordict_of_checked_equals_the_checked_constructor():
+    entries = {"a": torch.zeros(2, 3), "b": {"c": torch.ones(2, 1, dtype=torch.bool)}}
+    fast = tensordict_of_checked(entries, torch.Size([2]), torch.device("cpu"))
+    slow = TensorDict(entries, batch_size=[2], device="cpu")
+    assert fast.batch_size == slow.batch_size and fast.device == slow.device
+    assert set(fast.keys(True, True)) == set(slow.keys(True, True))
+    assert torch.equal(fast["b", "c"], slow["b", "c"])
+    assert fast["b"].batch_size == torch.Size([2])

@@ -170,6 +170,20 @@ class TensorDictPrimer(Transform):
                 f"expected a shape broadcastable to {tuple(spec.shape)} ([*B, *spec.shape])."
             ) from err
 
+    def _leaves(
+        self, batch_size: torch.Size, device: torch.device | None
+    ) -> list[tuple[NestedKey, TensorSpec]]:
+        """``(key, expanded spec)`` of every primer leaf, cached with the expanded specs (a
+        partial reset walked the nested spec every time)."""
+        cache_key = ("leaves", tuple(batch_size), device)
+        cache = self.__dict__["_expanded_cache"]
+        leaves = cache.get(cache_key)
+        if leaves is None:
+            specs = self._expanded(batch_size, device)
+            leaves = list(specs.items(include_nested=True, leaves_only=True))
+            cache[cache_key] = leaves
+        return leaves
+
     def _reset(
         self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
     ) -> TensorDictBase:
@@ -178,9 +192,8 @@ class TensorDictPrimer(Transform):
         shared = None
         if self.single_default_value and callable(self.default_value):
             shared = self.default_value()
-        specs = self._expanded(batch_size, self._device(tensordict_reset))
         reset_view = None
-        for key, spec in specs.items(include_nested=True, leaves_only=True):
+        for key, spec in self._leaves(batch_size, self._device(tensordict_reset)):
             current = tensordict.get(key, None) if mask is not None else None
             fill = self._fill_value(key)
             if fill is not None and _same_layout(current, spec, mask):
