@@ -9,10 +9,11 @@ themselves: every wrapper goes through ``nn.Module.__call__``, the ``dispatch`` 
 :func:`plan_policy` recognises that composition when nothing in it uses those features
 (no hooks, plain keyword-free wrappers writing in place, default sequence options) and
 returns a function that reads the ``in_keys``, calls the wrapped networks and writes the
-``out_keys`` directly; recurrl's ``LSTMModule``/``GRUModule`` without hooks are called
-through their ``forward``. Anything it does not recognise is called as it is, so the plan of a
-policy it cannot improve is the policy itself (or ``None``: call the policy). Tests compare
-the plan with the policy on many compositions, including every case it must refuse.
+``out_keys`` directly; networks and recurrl's ``LSTMModule``/``GRUModule`` that have no
+hooks are called through their ``forward``. Anything it does not recognise is called as it
+is, so the plan of a policy it cannot improve is the policy itself (or ``None``: call the
+policy). Tests compare the plan with the policy on many compositions, including every case
+it must refuse.
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ def _plain_module(mod: nn.Module) -> bool:
 def _module_step(mod: TensorDictModule) -> Step:
     """Read ``in_keys``, call ``mod.module``, write ``out_keys``: what ``mod(td)`` does."""
     fn = mod.module
+    if isinstance(fn, nn.Module) and _bare_module(fn):
+        fn = fn.forward  # Module.__call__ would only look for hooks
     in_keys = list(mod.in_keys)
     out_keys = list(mod.out_keys)
     single = len(out_keys) == 1 and out_keys[0] != "_"
@@ -150,14 +153,15 @@ def _sequence_step(seq: TensorDictSequential) -> Step:
     return step
 
 
+def _bare_module(module: nn.Module) -> bool:
+    """No hooks and not compiled with ``module.compile()``: calling it is calling its
+    ``forward`` (process-wide hooks are checked once, by :func:`plan_policy`)."""
+    return not _has_hooks(module) and getattr(module, "_compiled_call_impl", None) is None
+
+
 def _plain_recurrent(module: nn.Module) -> bool:
-    """recurrl's own ``LSTMModule``/``GRUModule`` (not a subclass), without hooks and not
-    compiled with ``module.compile()``: calling it is calling its ``forward``."""
-    return (
-        type(module) in (LSTMModule, GRUModule)
-        and not _has_hooks(module)
-        and getattr(module, "_compiled_call_impl", None) is None
-    )
+    """recurrl's own ``LSTMModule``/``GRUModule`` (not a subclass) that is bare."""
+    return type(module) in (LSTMModule, GRUModule) and _bare_module(module)
 
 
 def _plan(module: Any) -> Step:

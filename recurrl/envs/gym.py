@@ -132,6 +132,16 @@ def space_to_spec(
     )
 
 
+_NUMPY_DTYPES = {
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
+    torch.int64: np.dtype(np.int64),
+    torch.int32: np.dtype(np.int32),
+    torch.uint8: np.dtype(np.uint8),
+    torch.bool: np.dtype(np.bool_),
+}
+
+
 def numpy_to_tensor(value: Any, space: spaces.Space, spec: TensorSpec) -> Any:
     """Convert one gymnasium value (leading batch dims allowed) to a tensor of ``spec``.
 
@@ -145,7 +155,15 @@ def numpy_to_tensor(value: Any, space: spaces.Space, spec: TensorSpec) -> Any:
         if isinstance(spec, OneHot):
             return spec._encode(index.to(spec.device))
         return index.to(device=spec.device, dtype=spec.dtype)
-    tensor = torch.as_tensor(np.asarray(value), dtype=spec.dtype, device=spec.device)
+    array = np.asarray(value)
+    if (
+        array.dtype == _NUMPY_DTYPES.get(spec.dtype)
+        and spec.device.type == "cpu"
+        and array.flags.writeable
+    ):
+        tensor = torch.from_numpy(array)  # the same tensor as_tensor gives, for less
+    else:
+        tensor = torch.as_tensor(array, dtype=spec.dtype, device=spec.device)
     shape = spec.shape
     return tensor if tensor.shape == shape else tensor.reshape(shape)  # reshape costs us
 
@@ -167,7 +185,10 @@ def tensor_to_numpy(action: torch.Tensor, space: spaces.Space, spec: TensorSpec)
     if isinstance(spec, OneHot):
         action = action.to(torch.float32).argmax(-1)
     if isinstance(space, spaces.Discrete):
-        index = action.cpu().numpy().astype(np.int64) + int(space.start)
+        index = action.cpu().numpy().astype(np.int64)  # a new array: gymnasium may keep it
+        start = int(space.start)
+        if start:
+            index += start
         return int(index) if index.ndim == 0 else index
     if isinstance(space, spaces.MultiDiscrete):
         return (action.cpu().numpy().astype(np.int64) + space.start).astype(space.dtype)

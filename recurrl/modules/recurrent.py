@@ -340,12 +340,13 @@ class RecurrentModule(TensorDictModuleBase):
     def _current_config(self) -> RNNConfig:
         # Sizes cannot change without new weights, but dropout is a plain attribute of the
         # wrapped module: refresh the cached config if it was edited after construction.
-        if self._cfg.dropout != self.rnn.dropout:
+        # _modules[...]: the network without nn.Module.__getattr__ (this runs every step)
+        if self._cfg.dropout != self._modules[self._rnn_name].dropout:
             self._cfg = self.config
         return self._cfg
 
     def _flat_weights(self) -> list[Tensor]:
-        rnn = self.rnn
+        rnn = self._modules[self._rnn_name]
         return rnn.flat_weights if self.python_based else rnn._flat_weights
 
     def _runner(self):

@@ -121,9 +121,12 @@ def test_wrappers_with_options_run_through_the_wrapper():
         pass
 
     sub = Sub(lambda x: x - 2, in_keys=["observation"], out_keys=["sub"])
-    policy = TensorDictSequential(hooked, by_kwargs, selected, sub)
+    inner = nn.Linear(F, 2)  # a plain wrapper around a hooked network
+    inner.register_forward_hook(lambda *args: calls.append("inner"))
+    wrapped = TensorDictModule(inner, in_keys=["observation"], out_keys=["inner"])
+    policy = TensorDictSequential(hooked, by_kwargs, selected, sub, wrapped)
     same(policy)
-    assert calls == ["hook", "hook"]  # the policy's call and the plan's
+    assert calls == ["hook", "inner", "hook", "inner"]  # the policy's call and the plan's
 
 
 def test_recurrent_modules_called_through_forward_unless_hooked_or_subclassed():

@@ -215,12 +215,12 @@ class Compose(Transform):
     def _reset(
         self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
     ) -> TensorDictBase:
-        for t in self.transforms:
+        for t in self._modules["transforms"]:  # no nn.Module.__getattr__ on the hot path
             tensordict_reset = t._reset(tensordict, tensordict_reset)
         return tensordict_reset
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
-        for t in self.transforms:
+        for t in self._modules["transforms"]:
             next_tensordict = t._step(tensordict, next_tensordict)
         return next_tensordict
 
@@ -336,11 +336,12 @@ class TransformedEnv(EnvBase):
 
     @property
     def batch_locked(self) -> bool:  # type: ignore[override]
-        return self.base_env.batch_locked
+        return self._modules["base_env"].batch_locked
 
     # --- specs ---------------------------------------------------------------------------
     def _specs_version(self) -> Any:
-        return (self.base_env._specs_version(), self._version)
+        # _modules[...]: the submodules without nn.Module.__getattr__ (these run every step)
+        return (self._modules["base_env"]._specs_version(), self._version)
 
     def _get_spec(self, name: str) -> Composite:
         version = self._specs_version()
@@ -415,9 +416,10 @@ class TransformedEnv(EnvBase):
         # Partial reset: the input holds *transformed* values, so the non-reset envs are
         # merged back here, after the transforms, not by the base env (an in-place
         # transform would be applied twice, a reshaped key would not fit the base spec).
-        out = self.base_env._reset_proc(tensordict.exclude(*kept), **kwargs)
-        self.base_env._check_output(out, "reset")
-        out = self.transform._reset(tensordict, out)
+        base = self._modules["base_env"]
+        out = base._reset_proc(tensordict.exclude(*kept), **kwargs)
+        base._check_output(out, "reset")
+        out = self._modules["transform"]._reset(tensordict, out)
         return merge_reset(mask, out, tensordict, to_merge)
 
     def _partial_reset_keys(self) -> tuple[list[NestedKey], list[NestedKey]]:
@@ -434,9 +436,10 @@ class TransformedEnv(EnvBase):
         return cached[1], cached[2]
 
     def _step_proc(self, tensordict: TensorDictBase) -> TensorDictBase:
-        next_td = self.base_env._step_proc(tensordict)
-        self.base_env._check_output(next_td, "step")
-        return self.transform._step(tensordict, next_td)
+        base = self._modules["base_env"]
+        next_td = base._step_proc(tensordict)
+        base._check_output(next_td, "step")
+        return self._modules["transform"]._step(tensordict, next_td)
 
     def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:
         return self._reset_proc(tensordict, **kwargs)
