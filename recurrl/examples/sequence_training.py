@@ -100,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         (loss + ff_loss).backward()
         opt.step(), opt_ff.step()
         if step % 50 == 0 or step == 1:
-            print(f"step {step:4d}  velocity MSE: GRU on slices {loss.item():.4f}   "
-                  f"feed-forward on single frames {ff_loss.item():.4f}")
+            print(
+                f"step {step:4d}  velocity MSE: GRU on slices {loss.item():.4f}   "
+                f"feed-forward on single frames {ff_loss.item():.4f}"
+            )
     ok = loss.item() < 0.5 * ff_loss.item()
     print("memory helps: the GRU recovers the hidden velocities" if ok
           else "the GRU did not beat the feed-forward baseline")  # fmt: skip
