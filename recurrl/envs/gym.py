@@ -158,6 +158,7 @@ def numpy_to_tensor(value: Any, space: spaces.Space, spec: TensorSpec) -> Any:
     array = np.asarray(value)
     if (
         array.dtype == _NUMPY_DTYPES.get(spec.dtype)
+        and spec.device is not None
         and spec.device.type == "cpu"
         and array.flags.writeable
     ):
