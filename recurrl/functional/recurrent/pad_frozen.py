@@ -25,16 +25,27 @@ LSTM pays mostly per call and per row-step, torch's GRU mostly per time step.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from recurrl.functional.recurrent.config import LayerWeights, RNNConfig
 from recurrl.functional.sequences import Pieces
 
-__all__ = ["frozen_plan", "frozen_unroll", "kernel_costs", "plan_windows"]
+__all__ = [
+    "frozen_plan",
+    "frozen_unroll",
+    "gather_rows",
+    "h_bound",
+    "kernel_costs",
+    "layer_params",
+    "plan_windows",
+]
 
 _MARGIN = 30.0  # sigmoid(30) rounds to 1.0 in float32; sigmoid(-30) < 1e-13
 #: The gathers and scatters around the calls, in row-steps per real (row, step): measured
@@ -84,15 +95,21 @@ def plan_windows(
     distinct = sorted(set(lengths))
     bounds = [0, *distinct]
     # rows alive in a window starting at bounds[i]: pieces longer than bounds[i]
-    alive = [sum(1 for ln in lengths if ln > b) for b in bounds[:-1]]
+    ascending = lengths[::-1]
+    alive = [len(lengths) - bisect_right(ascending, b) for b in bounds[:-1]]
     m = len(distinct)
-    best = [0.0] + [float("inf")] * m  # best[j]: cost of covering [0, bounds[j])
+    # best[j]: cost of covering [0, bounds[j]), the last window [bounds[i], bounds[j])
+    rate = [step_cost + a for a in alive]
+    best = [0.0] * (m + 1)
     choice = [0] * (m + 1)
     for j in range(1, m + 1):
-        for i in range(j):
-            cost = best[i] + call_cost + (bounds[j] - bounds[i]) * (step_cost + alive[i])
-            if cost < best[j]:
-                best[j], choice[j] = cost, i
+        b = bounds[j]
+        costs = [
+            best_i + call_cost + (b - b_i) * r_i
+            for best_i, b_i, r_i in zip(best[:j], bounds[:j], rate[:j], strict=True)
+        ]
+        best[j] = min(costs)
+        choice[j] = costs.index(best[j])  # the first of equal costs
     windows = []
     j = m
     while j:
@@ -153,6 +170,41 @@ def h_bound(cfg: RNNConfig, w: LayerWeights, h0: Tensor) -> Tensor | float:
     return h0.detach().abs().amax().clamp(min=1.0) if h0.numel() else 1.0
 
 
+class _Rows(torch.autograd.Function):
+    """``src.index_select(0, index)`` for an ``index`` without repeats.
+
+    Its gradient is written with ``index_copy`` rather than accumulated: autograd's own
+    backward of indexing accumulates (``index_put_`` with ``accumulate=True``), which sorts the
+    index first and is several times slower. Without repeats both give the same numbers.
+    """
+
+    @staticmethod
+    def forward(ctx, src: Tensor, index: Tensor) -> Tensor:
+        ctx.save_for_backward(index)
+        ctx.rows = src.shape[0]
+        return src.index_select(0, index)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        (index,) = ctx.saved_tensors
+        return grad.new_zeros(ctx.rows, *grad.shape[1:]).index_copy_(0, index, grad), None
+
+
+def gather_rows(src: Tensor, index: Tensor) -> Tensor:
+    """``src.index_select(0, index)`` for an ``index`` without repeats, with a cheap backward.
+
+    Examples:
+        >>> import torch
+        >>> src = torch.arange(6.0).view(3, 2).requires_grad_(True)
+        >>> out = gather_rows(src, torch.tensor([2, 0]))
+        >>> out.sum().backward()
+        >>> out.tolist(), src.grad.tolist()
+        ([[4.0, 5.0], [0.0, 1.0]], [[1.0, 1.0], [0.0, 0.0], [1.0, 1.0]])
+    """
+    return _Rows.apply(src, index)
+
+
 def frozen_unroll(
     cfg: RNNConfig,
     flat_weights: Sequence[Tensor],
@@ -178,69 +230,78 @@ def frozen_unroll(
         windows = frozen_plan(cfg, lengths)[0]
     lstm = cfg.mode == "lstm"
 
-    # For every window: the flat input index of each (row, step) (``total`` on padding steps)
-    # and the padding flag; the concatenation of the windows' outputs is read back through
-    # ``out_index`` (real steps, grid order) and ``end_index`` (each piece's last real step).
-    offsets = torch.arange(lengths[0], device=device)
-    valid = offsets < pieces.length.unsqueeze(1)  # [P, L_max]
-    grid = torch.where(valid, pieces.start.unsqueeze(1) + offsets, total)
-    row_of = torch.empty(n_pieces, lengths[0], dtype=torch.long, device=device)
-    sizes, shapes, index, flags = [], [], [], []
+    # For every window, the flat input index of each (row, step) (``total`` on padding steps)
+    # and the padding flag, time-major for the LSTM (oneDNN's own layout: its outputs need no
+    # copy) and batch-first for the GRU (torch's own time loop, whose rounding depends on it).
+    # The concatenation of the windows' outputs is read back through ``out_index`` (real
+    # steps, grid order) and ``end_index`` (each piece's last real step). Built on the host
+    # and copied to the device at once.
+    start = pieces.start.cpu().numpy()
+    length = pieces.length.cpu().numpy()
+    offsets = np.arange(lengths[0])
+    valid = offsets < length[:, None]  # [P, L_max]
+    grid = np.where(valid, start[:, None] + offsets, total)
+    row_of = np.empty((n_pieces, lengths[0]), dtype=np.int64)
+    shapes, index, flags = [], [], []
     base = 0
     for t0, t1, rows in windows:
         width = t1 - t0
-        sizes.append(rows * width)
-        shapes.append((rows, width))
-        index.append(grid[:rows, t0:t1].reshape(-1))
-        flags.append(valid[:rows, t0:t1].reshape(-1))
-        local = torch.arange(rows * width, device=device).reshape(rows, width)
-        row_of[:rows, t0:t1] = base + local
+        shapes.append((width, rows))
+        grid_w, valid_w = grid[:rows, t0:t1], valid[:rows, t0:t1]
+        local = np.arange(width * rows)
+        if lstm:  # time-major
+            grid_w, valid_w = grid_w.T, valid_w.T
+            local = local.reshape(width, rows).T
+        index.append(grid_w.reshape(-1))
+        flags.append(valid_w.reshape(-1))
+        row_of[:rows, t0:t1] = base + local.reshape(rows, width)
         base += rows * width
-    in_index = torch.cat(index)  # all windows' inputs, gathered at once
-    pad_flag = (~torch.cat(flags)).to(x.dtype).unsqueeze(1)
-    out_index = torch.empty(total, dtype=torch.long, device=device)
+    out_index = np.empty(total, dtype=np.int64)
     out_index[grid[valid]] = row_of[valid]
-    end_index = row_of[torch.arange(n_pieces, device=device), pieces.length - 1]
-    read_index = torch.cat([out_index, end_index])  # outputs at every step, then at the ends
+    end_index = row_of[np.arange(n_pieces), length - 1]
     # the LSTM's final c is the final state of the window in which the piece ends
-    ended = []
-    for k, (_, _, rows) in enumerate(windows):
-        rows_next = windows[k + 1][2] if k + 1 < len(windows) else 0
-        ended.append((rows_next, rows))
-    rank_of_final = torch.cat([torch.arange(a, b, device=device) for a, b in ended])
-    final_order = torch.empty_like(rank_of_final)
-    final_order[rank_of_final] = torch.arange(n_pieces, device=device)
+    ended = [(w[2], v[2]) for v, w in zip(windows, [*windows[1:], (0, 0, 0)], strict=True)]
+    final_order = np.empty(n_pieces, dtype=np.int64)
+    final_order[np.concatenate([np.arange(a, b) for a, b in ended])] = np.arange(n_pieces)
+    parts = [np.concatenate(index), out_index, end_index, final_order]
+    on_device = torch.from_numpy(np.concatenate(parts)).to(device)
+    in_index, out_index, end_index, final_order = on_device.split([len(q) for q in parts])
+    pad_flag = torch.from_numpy(~np.concatenate(flags)).to(device=device, dtype=x.dtype)
+    pad_flag = pad_flag.unsqueeze(1)
+    sizes = [width * rows for width, rows in shapes]
 
     layer_in = x.reshape(total, -1)
     finals: list[list[Tensor]] = [[] for _ in states]
     for layer in range(cfg.num_layers):
         w = cfg.layer_weights(flat_weights, layer)
-        hx = [s[:, :, layer].reshape(total, -1)[pieces.start] for s in states]  # [P, S]
+        # [1, P, S]: the pieces' start states, then each window's final states, of which the
+        # next window takes its first rows (the pieces still alive)
+        hx = [
+            s[:, :, layer].reshape(total, -1).index_select(0, pieces.start).unsqueeze(0)
+            for s in states
+        ]
         params = layer_params(cfg, w, _freeze_column(cfg, w, h_bound(cfg, w, hx[0])))
         padded_in = torch.cat([layer_in, layer_in.new_zeros(1, layer_in.shape[-1])])
-        inputs = torch.cat([padded_in[in_index], pad_flag], dim=1).split(sizes)
+        inputs = torch.cat([padded_in.index_select(0, in_index), pad_flag], dim=1).split(sizes)
         outs, c_final = [], []
-        for k, (xw, (rows, width)) in enumerate(zip(inputs, shapes, strict=True)):
-            xw = xw.view(rows, width, -1)
+        for k, (xw, (width, rows)) in enumerate(zip(inputs, shapes, strict=True)):
+            if rows < hx[0].shape[1]:
+                hx = [h[:, :rows] for h in hx]
             if lstm:
-                yw, hn, cn = torch.lstm(
-                    xw, (hx[0][:rows].unsqueeze(0), hx[1][:rows].unsqueeze(0)), params,
-                    cfg.bias, 1, 0.0, training, False, True,
-                )  # fmt: skip
-                hx = [hn[0], cn[0]]
+                xw = xw.view(width, rows, -1)
+                yw, *hx = torch.lstm(xw, hx, params, cfg.bias, 1, 0.0, training, False, False)
                 a, b = ended[k]
-                c_final.append(cn[0, a:b])
+                c_final.append(hx[1][:, a:b])
             else:
-                yw, hn = torch.gru(
-                    xw, hx[0][:rows].unsqueeze(0), params, cfg.bias, 1, 0.0, training, False,
-                    True,
-                )  # fmt: skip
-                hx = [hn[0]]
+                xw = xw.view(rows, width, -1)
+                yw, hn = torch.gru(xw, hx[0], params, cfg.bias, 1, 0.0, training, False, True)
+                hx = [hn]
             outs.append(yw.reshape(-1, yw.shape[-1]))
-        out, at_ends = torch.cat(outs)[read_index].split([total, n_pieces])
-        finals[0].append(at_ends)
+        outs = torch.cat(outs)
+        out = gather_rows(outs, out_index)  # every step
+        finals[0].append(gather_rows(outs, end_index))  # each piece's last step
         if lstm:
-            finals[1].append(torch.cat(c_final)[final_order])
+            finals[1].append(torch.cat(c_final, dim=1)[0].index_select(0, final_order))
         layer_in = out
         if training and cfg.dropout and layer < cfg.num_layers - 1:
             layer_in = F.dropout(layer_in, cfg.dropout, training=True)
