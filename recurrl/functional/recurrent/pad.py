@@ -25,13 +25,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from recurrl.functional.recurrent.config import RNNConfig
-from recurrl.functional.recurrent.pad_flush import flush_applies, flush_cost, flush_unroll
+from recurrl.functional.recurrent.pad_flush import (
+    flush_applies,
+    flush_cost,
+    flush_plan,
+    flush_unroll,
+    host_starts,
+)
 from recurrl.functional.recurrent.pad_frozen import frozen_plan, frozen_unroll
-from recurrl.functional.sequences import split_pieces
+from recurrl.functional.sequences import Pieces
 
 __all__ = ["fused_runner", "pad_unroll"]
 
@@ -79,7 +86,9 @@ def pad_unroll(
     end and zero elsewhere.
     """
     n, steps = is_init.shape
-    if not bool(is_init[:, 1:].any()):
+    starts = host_starts(is_init)  # the one host copy every plan below is made from
+    seg_start = np.flatnonzero(starts)  # flat index of every trajectory's first step
+    if len(seg_start) == n:  # no restart inside a row
         hx = tuple(s[:, 0].transpose(0, 1).contiguous() for s in states)
         y, hx = run(x, hx)
         last = tuple(
@@ -88,11 +97,24 @@ def pad_unroll(
         )
         return y, last
 
-    pieces = split_pieces(is_init)
+    seg_len = np.diff(seg_start, append=n * steps)
+    order = np.argsort(-seg_len, kind="stable")  # longest first, ties in grid order
+    lengths = seg_len[order].tolist()
     if fused_weights is not None:
-        windows, cost = frozen_plan(cfg, pieces.lengths)
-        if flush_applies(states, is_init) and flush_cost(cfg, is_init) < cost:
-            return flush_unroll(cfg, fused_weights, x, states, is_init, training=training)
+        windows, cost = frozen_plan(cfg, lengths)
+        if flush_cost(cfg, starts) < cost:
+            restarts = _to_device(seg_start[seg_start % steps != 0], x.device)
+            if flush_applies(states, is_init, restarts=restarts):
+                plan = flush_plan(is_init, starts=starts)
+                return flush_unroll(
+                    cfg, fused_weights, x, states, is_init, training=training, plan=plan
+                )
+    pieces = Pieces(
+        start=_to_device(seg_start[order], x.device),
+        length=_to_device(seg_len[order], x.device),
+        lengths=lengths,
+    )
+    if fused_weights is not None:
         return frozen_unroll(
             cfg, fused_weights, x, states, pieces, training=training, windows=windows
         )
@@ -132,6 +154,10 @@ def pad_unroll(
         flat = torch.zeros(total, *s.shape[2:], dtype=final.dtype, device=device)
         new_states.append(flat.index_copy(0, end_pos, final).reshape(s.shape))
     return y.reshape(n, steps, -1), tuple(new_states)
+
+
+def _to_device(a: np.ndarray, device: torch.device) -> Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
 
 
 def _last_step(s: Tensor) -> Tensor:

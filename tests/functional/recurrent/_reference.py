@@ -126,6 +126,15 @@ def reference_unroll(
     return y, tuple(new_states)
 
 
+def zero_restarts(p: Problem) -> Problem:
+    """``p`` with zero stored states at every restart inside a row (a collector's data)."""
+    inside = p.is_init.clone()
+    inside[:, 0] = False
+    for s in p.states:
+        s[inside] = 0.0
+    return p
+
+
 def loss_of(y: Tensor, states: tuple[Tensor, ...], seed: int = 1) -> Tensor:
     """A fixed random linear function of every output."""
     gen = torch.Generator().manual_seed(seed)

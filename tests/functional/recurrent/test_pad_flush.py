@@ -25,27 +25,18 @@ from recurrl.functional.recurrent.pad_flush import (
 from recurrl.functional.recurrent.pad_frozen import frozen_plan, frozen_unroll
 from recurrl.functional.sequences import split_pieces
 
-from ._reference import LAYOUT_SPECS, loss_of, make_problem, reference_unroll
+from ._reference import LAYOUT_SPECS, loss_of, make_problem, reference_unroll, zero_restarts
 
 pytestmark = pytest.mark.filterwarnings("ignore:LSTM with projections is not supported")
 
 SPECS = [*LAYOUT_SPECS, dict(seed=8, n=2, steps=1)]
 
 
-def _zero_restarts(p):
-    """The problem with zero stored states at every restart inside a row (a collector's data)."""
-    inside = p.is_init.clone()
-    inside[:, 0] = False
-    for s in p.states:
-        s[inside] = 0.0
-    return p
-
-
 def _problem(mode, spec, dtype=torch.float32):
     spec = dict(spec)
     if mode == "gru" and spec.get("proj_size"):
         pytest.skip("the GRU has no projection")
-    return _zero_restarts(make_problem(mode, dtype=dtype, **spec))
+    return zero_restarts(make_problem(mode, dtype=dtype, **spec))
 
 
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
@@ -79,8 +70,12 @@ def test_float64(mode):
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 @pytest.mark.parametrize(("bias", "weight_scale"), [(60.0, 1.0), (-60.0, 1.0), (0.0, 20.0)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_nothing_leaks_across_a_restart_bit_for_bit(mode, bias, weight_scale, dtype):
-    """After a flush the state is exactly zero: what came before cannot change a single bit."""
+@pytest.mark.parametrize("training", [False, True])
+def test_nothing_leaks_across_a_restart_bit_for_bit(mode, bias, weight_scale, dtype, training):
+    """After a flush the state is exactly zero: what came before cannot change a single bit.
+
+    In training the LSTM's ``c`` is read from oneDNN's workspace (where it is; the second
+    call of a signature at the latest)."""
     p = _problem(mode, dict(seed=10, n=2, steps=9, p_init=0.0, num_layers=2), dtype=dtype)
     with torch.no_grad():
         for name, param in p.rnn.named_parameters():
@@ -91,7 +86,8 @@ def test_nothing_leaks_across_a_restart_bit_for_bit(mode, bias, weight_scale, dt
     outs = []
     for before in (p.x[:, :4], 100.0 * torch.randn_like(p.x[:, :4])):
         x = torch.cat([before, p.x[:, 4:]], dim=1)
-        y, nxt = flush_unroll(p.cfg, p.weights, x, p.states, p.is_init, training=False)
+        for _ in range(2 if training else 1):
+            y, nxt = flush_unroll(p.cfg, p.weights, x, p.states, p.is_init, training=training)
         outs.append((y[:, 4:], [s[:, 4:] for s in nxt]))
     (y_a, s_a), (y_b, s_b) = outs
     assert torch.equal(y_a, y_b)
@@ -100,7 +96,7 @@ def test_nothing_leaks_across_a_restart_bit_for_bit(mode, bias, weight_scale, dt
 
 
 def test_applies_only_to_zero_restarts_without_gradient():
-    p = _zero_restarts(make_problem("lstm", n=3, steps=8, p_init=0.4, seed=11))
+    p = zero_restarts(make_problem("lstm", n=3, steps=8, p_init=0.4, seed=11))
     assert flush_applies(p.states, p.is_init)
     # a non-zero state at t = 0 is a row start, which the fused call takes as its hx
     p.states[0][:, 0] = 1.0
@@ -143,7 +139,7 @@ def _spy(monkeypatch):
 def test_pad_takes_the_cheaper_layout(mode, p_init, monkeypatch):
     p = make_problem(mode, n=32, steps=64, p_init=p_init, hidden=64, seed=12)
     p.is_init[3, 40] = True
-    _zero_restarts(p)
+    zero_restarts(p)
     assert flush_cost(p.cfg, p.is_init) < frozen_plan(p.cfg, split_pieces(p.is_init).lengths)[1]
     calls = _spy(monkeypatch)
     run = fused_runner(p.cfg, p.weights, False)
@@ -161,7 +157,7 @@ def test_pad_takes_the_cheaper_layout(mode, p_init, monkeypatch):
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 def test_inter_layer_dropout_matches_the_piece_grid(mode):
     """Both layouts drop the same units: the real steps' outputs, in the same order."""
-    p = _zero_restarts(make_problem(mode, n=4, steps=12, p_init=0.3, num_layers=3, seed=13))
+    p = zero_restarts(make_problem(mode, n=4, steps=12, p_init=0.3, num_layers=3, seed=13))
     cfg = dataclasses.replace(p.cfg, dropout=0.5)
     outs = []
     for unroll in (flush_unroll, _frozen):
