@@ -52,7 +52,13 @@ from recurrl.functional.recurrent.onednn_cells import (
     lstm_layer,
     read_cells,
 )
-from recurrl.functional.recurrent.pad_frozen import gather_rows, h_bound, kernel_costs, layer_params
+from recurrl.functional.recurrent.pad_frozen import (
+    gather_rows,
+    h_bound,
+    kernel_costs,
+    layer_params,
+    stack_layers,
+)
 
 __all__ = ["FlushPlan", "flush_applies", "flush_cost", "flush_plan", "flush_unroll", "host_starts"]
 
@@ -397,7 +403,7 @@ def flush_unroll(
 
     new_states = []
     for s, at_ends in zip(states, ends, strict=False):
-        final = torch.stack(at_ends, dim=1)  # [E, L, S]
+        final = stack_layers(at_ends)  # [E, L, S]
         flat = final.new_zeros(n * steps, *final.shape[1:])
         new_states.append(flat.index_copy(0, plan.end_step, final).view(s.shape))
     return y, tuple(new_states)

@@ -45,6 +45,7 @@ __all__ = [
     "kernel_costs",
     "layer_params",
     "plan_windows",
+    "stack_layers",
 ]
 
 _MARGIN = 30.0  # sigmoid(30) rounds to 1.0 in float32; sigmoid(-30) < 1e-13
@@ -205,6 +206,13 @@ def gather_rows(src: Tensor, index: Tensor) -> Tensor:
     return _Rows.apply(src, index)
 
 
+def stack_layers(per_layer: Sequence[Tensor]) -> Tensor:
+    """``torch.stack(per_layer, dim=1)``, without a copy for a single layer."""
+    if len(per_layer) == 1:
+        return per_layer[0].unsqueeze(1)
+    return torch.stack(list(per_layer), dim=1)
+
+
 def frozen_unroll(
     cfg: RNNConfig,
     flat_weights: Sequence[Tensor],
@@ -230,42 +238,40 @@ def frozen_unroll(
         windows = frozen_plan(cfg, lengths)[0]
     lstm = cfg.mode == "lstm"
 
-    # For every window, the flat input index of each (row, step) (``total`` on padding steps)
-    # and the padding flag, time-major for the LSTM (oneDNN's own layout: its outputs need no
-    # copy) and batch-first for the GRU (torch's own time loop, whose rounding depends on it).
-    # The concatenation of the windows' outputs is read back through ``out_index`` (real
-    # steps, grid order) and ``end_index`` (each piece's last real step). Built on the host
-    # and copied to the device at once.
+    # Where every (piece, step) lies in the concatenation of the windows (``row_of``), and
+    # the padding flag of every cell there; each window is time-major for the LSTM (oneDNN's
+    # own layout: its outputs need no copy) and batch-first for the GRU (torch's own time
+    # loop, whose rounding depends on it). Inputs are written and outputs read back through
+    # ``out_index`` (real steps, grid order) and ``end_index`` (each piece's last real step).
+    # Built on the host and copied to the device at once.
     start = pieces.start.cpu().numpy()
     length = pieces.length.cpu().numpy()
     offsets = np.arange(lengths[0])
     valid = offsets < length[:, None]  # [P, L_max]
-    grid = np.where(valid, start[:, None] + offsets, total)
     row_of = np.empty((n_pieces, lengths[0]), dtype=np.int64)
-    shapes, index, flags = [], [], []
+    shapes, flags = [], []
     base = 0
     for t0, t1, rows in windows:
         width = t1 - t0
         shapes.append((width, rows))
-        grid_w, valid_w = grid[:rows, t0:t1], valid[:rows, t0:t1]
+        valid_w = valid[:rows, t0:t1]
         local = np.arange(width * rows)
         if lstm:  # time-major
-            grid_w, valid_w = grid_w.T, valid_w.T
+            valid_w = valid_w.T
             local = local.reshape(width, rows).T
-        index.append(grid_w.reshape(-1))
         flags.append(valid_w.reshape(-1))
         row_of[:rows, t0:t1] = base + local.reshape(rows, width)
         base += rows * width
     out_index = np.empty(total, dtype=np.int64)
-    out_index[grid[valid]] = row_of[valid]
+    out_index[(start[:, None] + offsets)[valid]] = row_of[valid]
     end_index = row_of[np.arange(n_pieces), length - 1]
     # the LSTM's final c is the final state of the window in which the piece ends
     ended = [(w[2], v[2]) for v, w in zip(windows, [*windows[1:], (0, 0, 0)], strict=True)]
     final_order = np.empty(n_pieces, dtype=np.int64)
     final_order[np.concatenate([np.arange(a, b) for a, b in ended])] = np.arange(n_pieces)
-    parts = [np.concatenate(index), out_index, end_index, final_order]
+    parts = [out_index, end_index, final_order]
     on_device = torch.from_numpy(np.concatenate(parts)).to(device)
-    in_index, out_index, end_index, final_order = on_device.split([len(q) for q in parts])
+    out_index, end_index, final_order = on_device.split([len(q) for q in parts])
     pad_flag = torch.from_numpy(~np.concatenate(flags)).to(device=device, dtype=x.dtype)
     pad_flag = pad_flag.unsqueeze(1)
     sizes = [width * rows for width, rows in shapes]
@@ -281,8 +287,10 @@ def frozen_unroll(
             for s in states
         ]
         params = layer_params(cfg, w, _freeze_column(cfg, w, h_bound(cfg, w, hx[0])))
-        padded_in = torch.cat([layer_in, layer_in.new_zeros(1, layer_in.shape[-1])])
-        inputs = torch.cat([padded_in.index_select(0, in_index), pad_flag], dim=1).split(sizes)
+        # the windows' inputs, side by side: every real step where its output will be read
+        # back (written, so its gradient is a plain gather), zeros on the padding steps
+        grid = layer_in.new_zeros(base, layer_in.shape[1]).index_copy(0, out_index, layer_in)
+        inputs = torch.cat([grid, pad_flag], dim=1).split(sizes)
         outs, c_final = [], []
         for k, (xw, (width, rows)) in enumerate(zip(inputs, shapes, strict=True)):
             if rows < hx[0].shape[1]:
@@ -309,7 +317,7 @@ def frozen_unroll(
     end_pos = pieces.start + pieces.length - 1
     new_states = []
     for k, s in enumerate(states):
-        final = torch.stack(finals[k], dim=1)  # [P, L, S]
+        final = stack_layers(finals[k])  # [P, L, S]
         flat = torch.zeros(total, *s.shape[2:], dtype=final.dtype, device=device)
         new_states.append(flat.index_copy(0, end_pos, final).reshape(s.shape))
     return out.reshape(n, steps, -1), tuple(new_states)
