@@ -101,8 +101,8 @@ def pad_unroll(
     order = np.argsort(-seg_len, kind="stable")  # longest first, ties in grid order
     lengths = seg_len[order].tolist()
     if fused_weights is not None:
-        windows, cost = frozen_plan(cfg, lengths)
-        if flush_cost(cfg, starts) < cost:
+        windows = frozen_plan(cfg, lengths)
+        if flush_cost(cfg, starts) < windows.cost:
             restarts = _to_device(seg_start[seg_start % steps != 0], x.device)
             if flush_applies(states, is_init, restarts=restarts):
                 plan = flush_plan(is_init, starts=starts)
@@ -115,9 +115,7 @@ def pad_unroll(
         lengths=lengths,
     )
     if fused_weights is not None:
-        return frozen_unroll(
-            cfg, fused_weights, x, states, pieces, training=training, windows=windows
-        )
+        return frozen_unroll(cfg, fused_weights, x, states, pieces, training=training, plan=windows)
     lengths = pieces.lengths
     total = n * steps
     device = x.device

@@ -21,12 +21,21 @@ have zero derivative, so the carried state's gradient passes back unchanged too.
 Which windows to merge is a small dynamic programme over the distinct piece lengths, with a
 cost per call, per time step and per (row, step) that reflects the CPU kernels: oneDNN's
 LSTM pays mostly per call and per row-step, torch's GRU mostly per time step.
+
+A window's call may start any of its rows from any state, so a piece need not start in the
+first window: it can start at a later boundary, in a row left by a piece that ended. For
+the LSTM, once the windows are planned, each piece starts at the boundary where it pads
+least (:func:`stagger`) when that is estimated cheaper: short pieces then fill the windows
+of the long ones instead of each running in the first windows. The rows of every window are
+ordered so that the pieces continuing into the next window come first, which then takes
+them by one slice; a window where pieces start assembles its start states with one gather.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -38,6 +47,7 @@ from recurrl.functional.recurrent.config import LayerWeights, RNNConfig
 from recurrl.functional.sequences import Pieces
 
 __all__ = [
+    "FrozenPlan",
     "frozen_plan",
     "frozen_unroll",
     "gather_rows",
@@ -46,12 +56,16 @@ __all__ = [
     "layer_params",
     "plan_windows",
     "stack_layers",
+    "stagger",
 ]
 
 _MARGIN = 30.0  # sigmoid(30) rounds to 1.0 in float32; sigmoid(-30) < 1e-13
 #: The gathers and scatters around the calls, in row-steps per real (row, step): measured
 #: (forward+backward, 1 thread) as the gap between the plans' estimates and their times.
 _GATHER_COST = {"lstm": 0.3, "gru": 1.0}
+#: Assembling one window's start states when pieces start inside the grid (a concatenation
+#: and a gather per state, forward and backward), in row-steps.
+_REORDER_COST = 16.0
 
 
 def kernel_costs(cfg: RNNConfig) -> tuple[float, float]:
@@ -120,19 +134,86 @@ def plan_windows(
     return windows[::-1]
 
 
-def frozen_plan(cfg: RNNConfig, lengths: Sequence[int]) -> tuple[list[tuple[int, int, int]], float]:
+@dataclass(frozen=True)
+class FrozenPlan:
+    """The windows :func:`frozen_unroll` runs, and the window each piece starts in.
+
+    Attributes:
+        windows: ``[(t0, t1, rows), ...]``, consecutive time windows and how many pieces run
+            in each.
+        first_window: ``[P]`` the window each piece (longest first) starts in, or ``None``
+            when every piece starts in the first one.
+        cost: estimated cost in row-steps per layer (comparable with
+            :func:`~recurrl.functional.recurrent.pad_flush.flush_cost`).
+    """
+
+    windows: list[tuple[int, int, int]]
+    first_window: np.ndarray | None
+    cost: float
+
+
+def stagger(lengths: Sequence[int], bounds: Sequence[int]) -> tuple[np.ndarray, list[int]]:
+    """Start every piece at the window boundary that pads it least, and count the rows.
+
+    A piece of length ``l`` starting at boundary ``b_i`` runs, padded, until the first
+    boundary at or after ``b_i + l``; it takes the start of least padding (the earliest of
+    equals). Pieces start only at boundaries, where a window's call takes their stored states.
+
+    Args:
+        lengths: piece lengths, non-increasing, the longest at most ``bounds[-1]``.
+        bounds: ``[0, b_1, ..., b_K]`` window boundaries.
+
+    Returns:
+        The window each piece starts in, and the rows (pieces running) in each window.
+
+    Examples:
+        >>> first, rows = stagger([8, 5, 3, 3, 2], [0, 3, 8])
+        >>> first.tolist(), rows
+        ([0, 1, 0, 0, 0], [4, 2])
+    """
+    bounds_np = np.asarray(bounds)
+    length = np.asarray(lengths)
+    distinct, inverse = np.unique(length, return_inverse=True)
+    ends = bounds_np[:-1, None] + distinct[None, :]  # [K, D]: end of each length per start
+    stop = np.searchsorted(bounds_np, ends, side="left")  # the boundary it runs to
+    fits = stop < len(bounds_np)
+    padding = np.where(fits, bounds_np[np.minimum(stop, len(bounds_np) - 1)] - ends, np.inf)
+    best = padding.argmin(axis=0)  # first minimum: the earliest start
+    first = best[inverse]
+    last = stop[best, np.arange(len(distinct))][inverse]  # exclusive
+    rows = np.zeros(len(bounds_np), dtype=np.int64)
+    np.add.at(rows, first, 1)
+    np.add.at(rows, last, -1)
+    return first, np.cumsum(rows)[:-1].tolist()
+
+
+def frozen_plan(cfg: RNNConfig, lengths: Sequence[int]) -> FrozenPlan:
     """The windows :func:`frozen_unroll` runs, and their estimated cost in row-steps per layer.
+
+    The windows come from :func:`plan_windows`; for the LSTM, whose kernel costs mostly per
+    (row, step), the pieces are then started where they pad least (:func:`stagger`) if that
+    saves more than it costs to assemble the start states of the windows.
 
     Examples:
         >>> from recurrl.functional.recurrent.config import RNNConfig
-        >>> windows, cost = frozen_plan(RNNConfig("lstm", 3, 64), [8, 8, 7, 2, 1])
-        >>> windows
-        [(0, 8, 5)]
+        >>> plan = frozen_plan(RNNConfig("lstm", 3, 64), [8, 8, 7, 2, 1])
+        >>> plan.windows, plan.first_window
+        ([(0, 8, 5)], None)
     """
     call, step = kernel_costs(cfg)
     windows = plan_windows(lengths, call, step)
     cost = sum(call + (t1 - t0) * (step + rows) for t0, t1, rows in windows)
-    return windows, cost + _GATHER_COST[cfg.mode] * sum(lengths)
+    gathers = _GATHER_COST[cfg.mode] * sum(lengths)
+    first_window = None
+    if cfg.mode == "lstm" and len(windows) > 1:
+        bounds = [0, *(t1 for _, t1, _ in windows)]
+        first, rows = stagger(lengths, bounds)
+        staggered = sum(call + (t1 - t0) * (step + r) for (t0, t1, _), r in zip(windows, rows))
+        staggered += _REORDER_COST * cfg.num_layers * len(cfg.state_sizes) * len(windows)
+        if staggered < cost:
+            windows = [(t0, t1, r) for (t0, t1, _), r in zip(windows, rows, strict=True)]
+            cost, first_window = staggered, first
+    return FrozenPlan(windows, first_window, cost + gathers)
 
 
 def _freeze_column(cfg: RNNConfig, w: LayerWeights, h_max: Tensor | float) -> Tensor:
@@ -213,6 +294,106 @@ def stack_layers(per_layer: Sequence[Tensor]) -> Tensor:
     return torch.stack(list(per_layer), dim=1)
 
 
+@dataclass(frozen=True)
+class _Grid:
+    """Where :func:`frozen_unroll` puts every step (host-side plan, index tensors on device)."""
+
+    shapes: list[tuple[int, int]]  # (width, rows) of each window
+    carried: list[int]  # rows each window takes from the previous window's final states
+    fresh: list[Tensor | None]  # pieces whose stored start states each window takes
+    order: list[Tensor | None]  # rows of [carried, fresh] in the window's order (None: as is)
+    ended: list[tuple[int, int]]  # rows [a, b) of each window whose piece ends there
+    out_index: Tensor  # [N * T] cell of every real step
+    end_index: Tensor  # [P] cell of every piece's last step
+    final_order: Tensor  # [P] position of every piece among the pieces ended, window by window
+    pad_flag: Tensor  # [cells, 1] 1 on padding cells
+
+
+def _grid(plan: FrozenPlan, pieces: Pieces, total: int, time_major: bool, device, dtype) -> _Grid:
+    """The windows' cells, rows and start states for ``plan`` (numpy, one copy to ``device``).
+
+    In each window the rows are the pieces running there, those that run longest first (ties
+    in piece order), so that the pieces continuing into the next window are its first rows
+    and those ending there its last. Every piece starts in the first window unless the plan
+    staggers them; a window where pieces start takes their stored states, and a window whose
+    order is not that of its carried rows followed by its fresh ones gathers them.
+    """
+    length = pieces.length.cpu().numpy()
+    start = pieces.start.cpu().numpy()
+    n_pieces = len(length)
+    bounds = np.array([0, *(t1 for _, t1, _ in plan.windows)])
+    first = np.zeros(n_pieces, dtype=np.int64) if plan.first_window is None else plan.first_window
+    last = np.searchsorted(bounds, bounds[first] + length, side="left")  # exclusive window
+    piece = np.arange(n_pieces)
+    rank = np.empty((len(plan.windows), n_pieces), dtype=np.int64)
+    shapes, carried, fresh, order, ended, finals = [], [], [], [], [], []
+    previous = piece[:0]
+    for k, (t0, t1, _) in enumerate(plan.windows):
+        kept = previous[last[previous] > k]  # the first rows of the previous window
+        new = piece[first == k]
+        rows = np.concatenate([kept, new])
+        by_time = np.lexsort((rows, -last[rows]))  # longest running first, then piece order
+        rank[k, rows[by_time]] = np.arange(len(rows))
+        shapes.append((t1 - t0, len(rows)))
+        carried.append(len(kept))
+        fresh.append(new if len(new) else None)
+        order.append(None if (by_time == np.arange(len(rows))).all() else by_time)
+        a = int((last[rows] > k + 1).sum())
+        ended.append((a, len(rows)))
+        finals.append(rows[by_time][a:])
+        previous = rows[by_time]
+    # every real step's cell: window, then time and rank within it
+    step = np.arange(int(length.max()))
+    valid = step < length[:, None]
+    p_idx, j = np.nonzero(valid)
+    g = bounds[first[p_idx]] + j
+    k = np.searchsorted(bounds, g, side="right") - 1
+    widths = np.array([w for w, _ in shapes])
+    counts = np.array([r for _, r in shapes])
+    base = np.concatenate([[0], np.cumsum(widths * counts)])
+    local = g - bounds[k]
+    r = rank[k, p_idx]
+    cell = base[k] + (local * counts[k] + r if time_major else r * widths[k] + local)
+    out_index = np.empty(total, dtype=np.int64)
+    out_index[start[p_idx] + j] = cell
+    end_index = np.empty(n_pieces, dtype=np.int64)
+    end_index[p_idx[j == length[p_idx] - 1]] = cell[j == length[p_idx] - 1]
+    final_order = np.empty(n_pieces, dtype=np.int64)
+    final_order[np.concatenate(finals)] = np.arange(n_pieces)
+    is_fresh = [q for q in fresh if q is not None]
+    is_order = [q for q in order if q is not None]
+    parts = [out_index, end_index, final_order, *is_fresh, *is_order]
+    on_device = iter(torch.from_numpy(np.concatenate(parts)).to(device).split(
+        [len(q) for q in parts]))  # fmt: skip
+    out_index, end_index, final_order = next(on_device), next(on_device), next(on_device)
+    fresh_t = [None if q is None else next(on_device) for q in fresh]
+    order_t = [None if q is None else next(on_device) for q in order]
+    pad_flag = torch.ones(int(base[-1]), 1, dtype=dtype, device=device)
+    pad_flag.index_fill_(0, out_index, 0.0)
+    return _Grid(shapes, carried, fresh_t, order_t, ended, out_index, end_index, final_order,
+                 pad_flag)  # fmt: skip
+
+
+def _start_states(
+    grid: _Grid, k: int, carry: list[Tensor], stored: list[Tensor], n_pieces: int
+) -> list[Tensor]:
+    """Window ``k``'s start states ``[1, rows, S]``: carried rows, then fresh pieces'."""
+    states = []
+    for h, s in zip(carry, stored, strict=True):
+        parts = []
+        if grid.carried[k]:
+            parts.append(h if grid.carried[k] == h.shape[1] else h[:, : grid.carried[k]])
+        fresh = grid.fresh[k]
+        if fresh is not None:
+            whole = fresh.numel() == n_pieces  # every piece starts here (the first window)
+            parts.append(s if whole else s.index_select(1, fresh))
+        state = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        if grid.order[k] is not None:
+            state = state.index_select(1, grid.order[k])
+        states.append(state)
+    return states
+
+
 def frozen_unroll(
     cfg: RNNConfig,
     flat_weights: Sequence[Tensor],
@@ -221,84 +402,49 @@ def frozen_unroll(
     pieces: Pieces,
     *,
     training: bool,
-    windows: list[tuple[int, int, int]] | None = None,
+    plan: FrozenPlan | None = None,
 ) -> tuple[Tensor, tuple[Tensor, ...]]:
     """Reset-aware LSTM/GRU over ``x [N, T, F]`` given its ``pieces``; see the module docstring.
 
-    ``windows`` is the plan of :func:`frozen_plan` (made here if not given). Returns the
-    output ``[N, T, O]`` and the states, each ``[N, T, L, S]``, exact at every
+    ``plan`` is :func:`frozen_plan` of the pieces' lengths (made here if not given). Returns
+    the output ``[N, T, O]`` and the states, each ``[N, T, L, S]``, exact at every
     trajectory end and zero elsewhere.
     """
     n, steps = x.shape[:2]
     total = n * steps
     device = x.device
-    lengths = pieces.lengths
-    n_pieces = len(lengths)
-    if windows is None:
-        windows = frozen_plan(cfg, lengths)[0]
+    n_pieces = len(pieces.lengths)
+    if plan is None:
+        plan = frozen_plan(cfg, pieces.lengths)
     lstm = cfg.mode == "lstm"
-
-    # Where every (piece, step) lies in the concatenation of the windows (``row_of``), and
-    # the padding flag of every cell there; each window is time-major for the LSTM (oneDNN's
-    # own layout: its outputs need no copy) and batch-first for the GRU (torch's own time
-    # loop, whose rounding depends on it). Inputs are written and outputs read back through
-    # ``out_index`` (real steps, grid order) and ``end_index`` (each piece's last real step).
-    # Built on the host and copied to the device at once.
-    start = pieces.start.cpu().numpy()
-    length = pieces.length.cpu().numpy()
-    offsets = np.arange(lengths[0])
-    valid = offsets < length[:, None]  # [P, L_max]
-    row_of = np.empty((n_pieces, lengths[0]), dtype=np.int64)
-    shapes, flags = [], []
-    base = 0
-    for t0, t1, rows in windows:
-        width = t1 - t0
-        shapes.append((width, rows))
-        valid_w = valid[:rows, t0:t1]
-        local = np.arange(width * rows)
-        if lstm:  # time-major
-            valid_w = valid_w.T
-            local = local.reshape(width, rows).T
-        flags.append(valid_w.reshape(-1))
-        row_of[:rows, t0:t1] = base + local.reshape(rows, width)
-        base += rows * width
-    out_index = np.empty(total, dtype=np.int64)
-    out_index[(start[:, None] + offsets)[valid]] = row_of[valid]
-    end_index = row_of[np.arange(n_pieces), length - 1]
-    # the LSTM's final c is the final state of the window in which the piece ends
-    ended = [(w[2], v[2]) for v, w in zip(windows, [*windows[1:], (0, 0, 0)], strict=True)]
-    final_order = np.empty(n_pieces, dtype=np.int64)
-    final_order[np.concatenate([np.arange(a, b) for a, b in ended])] = np.arange(n_pieces)
-    parts = [out_index, end_index, final_order]
-    on_device = torch.from_numpy(np.concatenate(parts)).to(device)
-    out_index, end_index, final_order = on_device.split([len(q) for q in parts])
-    pad_flag = torch.from_numpy(~np.concatenate(flags)).to(device=device, dtype=x.dtype)
-    pad_flag = pad_flag.unsqueeze(1)
-    sizes = [width * rows for width, rows in shapes]
+    # each window is time-major for the LSTM (oneDNN's own layout: its outputs need no copy)
+    # and batch-first for the GRU (torch's own time loop, whose rounding depends on it)
+    grid = _grid(plan, pieces, total, lstm, device, x.dtype)
+    sizes = [width * rows for width, rows in grid.shapes]
+    base = sum(sizes)
 
     layer_in = x.reshape(total, -1)
     finals: list[list[Tensor]] = [[] for _ in states]
     for layer in range(cfg.num_layers):
         w = cfg.layer_weights(flat_weights, layer)
-        # [1, P, S]: the pieces' start states, then each window's final states, of which the
-        # next window takes its first rows (the pieces still alive)
-        hx = [
+        # [1, P, S]: the pieces' stored start states
+        stored = [
             s[:, :, layer].reshape(total, -1).index_select(0, pieces.start).unsqueeze(0)
             for s in states
         ]
-        params = layer_params(cfg, w, _freeze_column(cfg, w, h_bound(cfg, w, hx[0])))
+        params = layer_params(cfg, w, _freeze_column(cfg, w, h_bound(cfg, w, stored[0])))
         # the windows' inputs, side by side: every real step where its output will be read
         # back (written, so its gradient is a plain gather), zeros on the padding steps
-        grid = layer_in.new_zeros(base, layer_in.shape[1]).index_copy(0, out_index, layer_in)
-        inputs = torch.cat([grid, pad_flag], dim=1).split(sizes)
+        cells = layer_in.new_zeros(base, layer_in.shape[1]).index_copy(0, grid.out_index, layer_in)
+        inputs = torch.cat([cells, grid.pad_flag], dim=1).split(sizes)
         outs, c_final = [], []
-        for k, (xw, (width, rows)) in enumerate(zip(inputs, shapes, strict=True)):
-            if rows < hx[0].shape[1]:
-                hx = [h[:, :rows] for h in hx]
+        hx: list[Tensor] = stored
+        for k, (xw, (width, rows)) in enumerate(zip(inputs, grid.shapes, strict=True)):
+            hx = _start_states(grid, k, hx, stored, n_pieces)
             if lstm:
                 xw = xw.view(width, rows, -1)
                 yw, *hx = torch.lstm(xw, hx, params, cfg.bias, 1, 0.0, training, False, False)
-                a, b = ended[k]
+                a, b = grid.ended[k]
                 c_final.append(hx[1][:, a:b])
             else:
                 xw = xw.view(rows, width, -1)
@@ -306,10 +452,11 @@ def frozen_unroll(
                 hx = [hn]
             outs.append(yw.reshape(-1, yw.shape[-1]))
         outs = torch.cat(outs)
-        out = gather_rows(outs, out_index)  # every step
-        finals[0].append(gather_rows(outs, end_index))  # each piece's last step
+        out = gather_rows(outs, grid.out_index)  # every step
+        finals[0].append(gather_rows(outs, grid.end_index))  # each piece's last step
         if lstm:
-            finals[1].append(torch.cat(c_final, dim=1)[0].index_select(0, final_order))
+            c_ends = torch.cat(c_final, dim=1)[0]
+            finals[1].append(c_ends.index_select(0, grid.final_order))
         layer_in = out
         if training and cfg.dropout and layer < cfg.num_layers - 1:
             layer_in = F.dropout(layer_in, cfg.dropout, training=True)

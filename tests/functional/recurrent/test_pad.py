@@ -14,7 +14,14 @@ import pytest
 import torch
 
 from recurrl.functional.recurrent.pad import fused_runner, pad_unroll
-from recurrl.functional.recurrent.pad_frozen import plan_windows
+from recurrl.functional.recurrent.pad_frozen import (
+    FrozenPlan,
+    frozen_plan,
+    frozen_unroll,
+    plan_windows,
+    stagger,
+)
+from recurrl.functional.sequences import split_pieces
 
 from ._reference import LAYOUT_SPECS, loss_of, make_problem, pieces, reference_unroll
 
@@ -120,6 +127,21 @@ def _frozen(p, leaves=None):
 FROZEN_SPECS = LAYOUT_SPECS
 
 
+def _assert_reference_outputs_and_gradients(p, unroll):
+    """``unroll(p, leaves)`` against the reference: outputs, states and every gradient."""
+    leaves = p.leaves()
+    y, nxt = unroll(p, leaves)
+    ref_leaves = p.leaves()
+    y_ref, next_ref = reference_unroll(p.rnn, ref_leaves[0], tuple(ref_leaves[1:]), p.is_init)
+    _close(y, y_ref)
+    for s, s_ref in zip(nxt, next_ref, strict=True):
+        _close(s, s_ref)
+    grads = torch.autograd.grad(loss_of(y, nxt), [*leaves, *p.weights])
+    grads_ref = torch.autograd.grad(loss_of(y_ref, next_ref), [*ref_leaves, *p.weights])
+    for g, g_ref in zip(grads, grads_ref, strict=True):
+        _close(g, g_ref)
+
+
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 @pytest.mark.parametrize("spec", FROZEN_SPECS, ids=lambda s: "-".join(map(str, s.values())))
 def test_frozen_path_matches_reference(mode, spec):
@@ -133,17 +155,7 @@ def test_frozen_path_matches_reference(mode, spec):
         p_init=spec.pop("p_init", 0.3),
         **spec,
     )
-    leaves = p.leaves()
-    y, nxt = _frozen(p, leaves)
-    ref_leaves = p.leaves()
-    y_ref, next_ref = reference_unroll(p.rnn, ref_leaves[0], tuple(ref_leaves[1:]), p.is_init)
-    _close(y, y_ref)
-    for s, s_ref in zip(nxt, next_ref, strict=True):
-        _close(s, s_ref)
-    grads = torch.autograd.grad(loss_of(y, nxt), [*leaves, *p.weights])
-    grads_ref = torch.autograd.grad(loss_of(y_ref, next_ref), [*ref_leaves, *p.weights])
-    for g, g_ref in zip(grads, grads_ref, strict=True):
-        _close(g, g_ref)
+    _assert_reference_outputs_and_gradients(p, _frozen)
 
 
 @pytest.mark.parametrize("lengths", [[8, 8, 7, 2, 1], [5], [9, 4, 4, 4, 1, 1], [3, 2, 1]])
@@ -198,3 +210,77 @@ def test_gru_freeze_holds_for_stored_states_beyond_one():
     # large magnitudes: float32 rounding reaches ~1e-5; a failed freeze would be off by O(1)
     torch.testing.assert_close(y, y_ref, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(nxt[0], next_ref[0], atol=1e-4, rtol=1e-4)
+
+
+def _staggered_plan(lengths, call_cost):
+    windows = plan_windows(lengths, call_cost, 0.5)
+    bounds = [0, *(t1 for _, t1, _ in windows)]
+    first, rows = stagger(lengths, bounds)
+    windows = [(t0, t1, r) for (t0, t1, _), r in zip(windows, rows, strict=True)]
+    return FrozenPlan(windows, first, 0.0)
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        dict(seed=20, n=6, steps=30, p_init=0.2),
+        dict(seed=21, n=5, steps=24, p_init=0.3, num_layers=3, bias=False),
+        dict(seed=22, n=4, steps=40, p_init=0.15, proj_size=2, hidden=5),
+        dict(seed=23, n=1, steps=50, p_init=0.25, num_layers=1),
+    ],
+    ids=lambda s: "-".join(map(str, s.values())),
+)
+def test_staggered_windows_match_reference(mode, spec):
+    """Pieces starting in later windows take their stored states there, in any row order."""
+    if mode == "gru" and spec.get("proj_size"):
+        pytest.skip("the GRU has no projection")
+    p = make_problem(mode, **spec)
+    pieces_ = split_pieces(p.is_init)
+    plan = _staggered_plan(pieces_.lengths, call_cost=2.0)
+    assert len(plan.windows) > 1 and plan.first_window.max() > 0  # some start later
+
+    def staggered(p, leaves):
+        x, *states = leaves
+        return frozen_unroll(p.cfg, p.weights, x, tuple(states), pieces_, training=False, plan=plan)
+
+    _assert_reference_outputs_and_gradients(p, staggered)
+
+
+@pytest.mark.parametrize(
+    "lengths", [[8, 5, 3, 3, 2], [19, 12, 9, 7, 7, 4, 3, 2, 2, 1, 1, 1], [6, 6, 6], [4, 1]]
+)
+def test_stagger_pads_each_piece_least(lengths):
+    bounds = [0, *(t1 for _, t1, _ in plan_windows(lengths, 3.0, 0.0))]
+    first, rows = stagger(lengths, bounds)
+    running = [0] * (len(bounds) - 1)
+    for length, k in zip(lengths, first.tolist(), strict=True):
+        end = bounds[k] + length
+        assert end <= bounds[-1]
+        stop = next(j for j, b in enumerate(bounds) if b >= end)
+        # no start pads less, and no earlier start pads as little
+        for i in range(len(bounds) - 1):
+            other = next((b for b in bounds if b >= bounds[i] + length), None)
+            if other is not None:
+                assert other - bounds[i] - length >= bounds[stop] - end
+                if i < k:
+                    assert other - bounds[i] - length > bounds[stop] - end
+        for w in range(k, stop):
+            running[w] += 1
+    assert rows == running
+
+
+def test_frozen_plan_staggers_the_lstm_when_cheaper():
+    p = make_problem("lstm", n=32, steps=64, p_init=1 / 16, hidden=64, seed=24)
+    lengths = split_pieces(p.is_init).lengths
+    plan = frozen_plan(p.cfg, lengths)
+    assert plan.first_window is not None and plan.first_window.max() > 0
+    assert sum(r for _, _, r in plan.windows) < len(lengths) * len(plan.windows)
+    gru = make_problem("gru", n=32, steps=64, p_init=1 / 16, hidden=64, seed=24)
+    assert frozen_plan(gru.cfg, lengths).first_window is None  # its cost is per time step
+    # parity through pad itself
+    y, nxt = _frozen(p)
+    y_ref, next_ref = reference_unroll(p.rnn, p.x, p.states, p.is_init)
+    _close(y, y_ref)
+    for s, s_ref in zip(nxt, next_ref, strict=True):
+        _close(s, s_ref)

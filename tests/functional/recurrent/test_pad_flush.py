@@ -140,7 +140,7 @@ def test_pad_takes_the_cheaper_layout(mode, p_init, monkeypatch):
     p = make_problem(mode, n=32, steps=64, p_init=p_init, hidden=64, seed=12)
     p.is_init[3, 40] = True
     zero_restarts(p)
-    assert flush_cost(p.cfg, p.is_init) < frozen_plan(p.cfg, split_pieces(p.is_init).lengths)[1]
+    assert flush_cost(p.cfg, p.is_init) < frozen_plan(p.cfg, split_pieces(p.is_init).lengths).cost
     calls = _spy(monkeypatch)
     run = fused_runner(p.cfg, p.weights, False)
     y, _ = pad_unroll(p.cfg, p.x, p.states, p.is_init, run, fused_weights=p.weights)
