@@ -53,6 +53,7 @@ from recurrl.functional.recurrent.onednn_cells import (
     read_cells,
 )
 from recurrl.functional.recurrent.pad_frozen import (
+    fresh_memory_cost,
     gather_rows,
     h_bound,
     kernel_costs,
@@ -219,7 +220,8 @@ def flush_cost(cfg: RNNConfig, plan: FlushPlan | Tensor | np.ndarray) -> float:
         n, steps = starts.shape
         width = steps - 1 + int(starts.sum(1).max())  # one flush step per restart in a row
     call, step = kernel_costs(cfg)
-    return call + width * (step + n) + _EXTRA_COST[cfg.mode] * n * steps
+    cost = call + width * (step + n) + _EXTRA_COST[cfg.mode] * n * steps
+    return cost + fresh_memory_cost(cfg, width * n)
 
 
 class _LinearRecurrence(torch.autograd.Function):

@@ -48,6 +48,7 @@ from recurrl.functional.sequences import Pieces
 
 __all__ = [
     "FrozenPlan",
+    "fresh_memory_cost",
     "frozen_plan",
     "frozen_unroll",
     "gather_rows",
@@ -143,8 +144,10 @@ class FrozenPlan:
             in each.
         first_window: ``[P]`` the window each piece (longest first) starts in, or ``None``
             when every piece starts in the first one.
-        cost: estimated cost in row-steps per layer (comparable with
-            :func:`~recurrl.functional.recurrent.pad_flush.flush_cost`).
+        cost: estimated cost in row-steps per layer of the windows with every piece
+            starting in the first (comparable with
+            :func:`~recurrl.functional.recurrent.pad_flush.flush_cost`; staggering, where
+            chosen, only lowers it).
     """
 
     windows: list[tuple[int, int, int]]
@@ -187,12 +190,41 @@ def stagger(lengths: Sequence[int], bounds: Sequence[int]) -> tuple[np.ndarray, 
     return first, np.cumsum(rows)[:-1].tolist()
 
 
+#: oneDNN's LSTM workspace takes about 64 bytes per (row, step, hidden unit), in one buffer;
+#: glibc's malloc maps a buffer above 32 MiB fresh from the system at every call, and its
+#: page faults cost ~25% more per (row, step) (measured at H = 64, 128, 256).
+_FRESH_BYTES = 32 * 2**20
+_FRESH_COST = 0.25
+
+
+def fresh_memory_cost(cfg: RNNConfig, row_steps: int) -> float:
+    """Extra cost, in row-steps, of one fused LSTM call on ``row_steps`` (row, step) pairs.
+
+    Examples:
+        >>> from recurrl.functional.recurrent.config import RNNConfig
+        >>> fresh_memory_cost(RNNConfig("lstm", 3, 256), 2048)
+        0.0
+        >>> fresh_memory_cost(RNNConfig("lstm", 3, 256), 2112)
+        528.0
+    """
+    if cfg.mode == "lstm" and row_steps * cfg.hidden_size * 64 > _FRESH_BYTES:
+        return _FRESH_COST * row_steps
+    return 0.0
+
+
+def _window_cost(cfg: RNNConfig, call: float, step: float, width: int, rows: int) -> float:
+    return call + width * (step + rows) + fresh_memory_cost(cfg, width * rows)
+
+
 def frozen_plan(cfg: RNNConfig, lengths: Sequence[int]) -> FrozenPlan:
     """The windows :func:`frozen_unroll` runs, and their estimated cost in row-steps per layer.
 
     The windows come from :func:`plan_windows`; for the LSTM, whose kernel costs mostly per
     (row, step), the pieces are then started where they pad least (:func:`stagger`) if that
-    saves more than it costs to assemble the start states of the windows.
+    saves more than it costs to assemble the start states of the windows. The cost returned
+    is that of the windows before staggering, which ``pad`` weighs against the flush layout's
+    (whose estimate likewise counts the recomputation of ``c``, which the workspace usually
+    spares): a conservative choice between the two.
 
     Examples:
         >>> from recurrl.functional.recurrent.config import RNNConfig
@@ -202,17 +234,20 @@ def frozen_plan(cfg: RNNConfig, lengths: Sequence[int]) -> FrozenPlan:
     """
     call, step = kernel_costs(cfg)
     windows = plan_windows(lengths, call, step)
-    cost = sum(call + (t1 - t0) * (step + rows) for t0, t1, rows in windows)
+    cost = sum(_window_cost(cfg, call, step, t1 - t0, rows) for t0, t1, rows in windows)
     gathers = _GATHER_COST[cfg.mode] * sum(lengths)
     first_window = None
     if cfg.mode == "lstm" and len(windows) > 1:
         bounds = [0, *(t1 for _, t1, _ in windows)]
         first, rows = stagger(lengths, bounds)
-        staggered = sum(call + (t1 - t0) * (step + r) for (t0, t1, _), r in zip(windows, rows))
+        staggered = sum(
+            _window_cost(cfg, call, step, t1 - t0, r)
+            for (t0, t1, _), r in zip(windows, rows, strict=True)
+        )
         staggered += _REORDER_COST * cfg.num_layers * len(cfg.state_sizes) * len(windows)
         if staggered < cost:
             windows = [(t0, t1, r) for (t0, t1, _), r in zip(windows, rows, strict=True)]
-            cost, first_window = staggered, first
+            first_window = first
     return FrozenPlan(windows, first_window, cost + gathers)
 
 
