@@ -9,10 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["Pieces", "segment_starts", "split_pieces", "trajectory_ends"]
+__all__ = [
+    "Pieces",
+    "host_starts",
+    "pieces_from_starts",
+    "segment_starts",
+    "split_pieces",
+    "trajectory_ends",
+]
 
 
 def segment_starts(is_init: Tensor) -> Tensor:
@@ -71,7 +79,7 @@ class Pieces:
 def split_pieces(is_init: Tensor) -> Pieces:
     """Split a ``[N, T]`` grid at its trajectory starts, longest piece first.
 
-    This reads the lengths back to the host once (one device synchronisation).
+    This reads ``is_init`` back to the host once (one device synchronisation).
 
     Args:
         is_init: ``[N, T]`` bool.
@@ -85,10 +93,34 @@ def split_pieces(is_init: Tensor) -> Pieces:
         >>> p.start.tolist(), p.lengths
         ([3, 0, 2], [3, 2, 1])
     """
-    n, t = is_init.shape
-    flat_start = segment_starts(is_init).reshape(-1).nonzero().squeeze(-1)
-    bounds = torch.cat([flat_start, flat_start.new_tensor([n * t])])
-    length = bounds[1:] - bounds[:-1]
-    order = torch.sort(length, descending=True, stable=True).indices
-    start, length = flat_start[order], length[order]
-    return Pieces(start=start, length=length, lengths=length.tolist())
+    return pieces_from_starts(host_starts(is_init), is_init.device)
+
+
+def host_starts(is_init: Tensor) -> np.ndarray:
+    """:func:`segment_starts` as a host array (a copy; one device synchronisation).
+
+    Examples:
+        >>> import torch
+        >>> host_starts(torch.tensor([[False, True, False]])).tolist()
+        [[True, True, False]]
+    """
+    starts = is_init.detach().cpu().numpy().astype(bool)
+    starts[..., 0] = True
+    return starts
+
+
+def pieces_from_starts(starts: np.ndarray, device: torch.device | str = "cpu") -> Pieces:
+    """:func:`split_pieces` of a host ``[N, T]`` bool array of starts (``t = 0`` True).
+
+    Examples:
+        >>> import numpy as np
+        >>> p = pieces_from_starts(np.array([[True, False, True], [True, False, False]]))
+        >>> p.start.tolist(), p.lengths
+        ([3, 0, 2], [3, 2, 1])
+    """
+    seg_start = np.flatnonzero(starts)
+    seg_len = np.diff(seg_start, append=starts.size)
+    order = np.argsort(-seg_len, kind="stable")  # longest first, ties in grid order
+    on_device = torch.from_numpy(np.concatenate([seg_start[order], seg_len[order]])).to(device)
+    start, length = on_device.split(len(order))
+    return Pieces(start=start, length=length, lengths=seg_len[order].tolist())

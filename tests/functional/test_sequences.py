@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recurrl.functional.sequences import segment_starts, split_pieces, trajectory_ends
+from recurrl.functional.sequences import (
+    host_starts,
+    pieces_from_starts,
+    segment_starts,
+    split_pieces,
+    trajectory_ends,
+)
 
 
 def _grid(*rows: str) -> torch.Tensor:
@@ -55,3 +61,16 @@ def test_split_pieces_partitions_the_grid(n, steps, p):
     assert (covered == 1).all()
     assert pieces.lengths == sorted(pieces.lengths, reverse=True)
     assert len(pieces.lengths) == int(starts.sum())
+
+
+def test_pieces_from_host_starts_are_split_pieces():
+    torch.manual_seed(1)
+    is_init = torch.rand(4, 9) < 0.3
+    starts = host_starts(is_init)
+    assert (starts == segment_starts(is_init).numpy()).all()
+    is_init_before = is_init.clone()
+    starts[0, 1] = True  # a copy: is_init is untouched
+    assert torch.equal(is_init, is_init_before)
+    a, b = pieces_from_starts(host_starts(is_init)), split_pieces(is_init)
+    assert torch.equal(a.start, b.start) and torch.equal(a.length, b.length)
+    assert a.lengths == b.lengths

@@ -35,10 +35,9 @@ from recurrl.functional.recurrent.pad_flush import (
     flush_cost,
     flush_plan,
     flush_unroll,
-    host_starts,
 )
 from recurrl.functional.recurrent.pad_frozen import frozen_plan, frozen_unroll
-from recurrl.functional.sequences import Pieces
+from recurrl.functional.sequences import host_starts, pieces_from_starts
 
 __all__ = ["fused_runner", "pad_unroll"]
 
@@ -97,24 +96,16 @@ def pad_unroll(
         )
         return y, last
 
-    seg_len = np.diff(seg_start, append=n * steps)
-    order = np.argsort(-seg_len, kind="stable")  # longest first, ties in grid order
-    lengths = seg_len[order].tolist()
+    pieces = pieces_from_starts(starts, x.device)
     if fused_weights is not None:
-        windows = frozen_plan(cfg, lengths)
+        windows = frozen_plan(cfg, pieces.lengths)
         if flush_cost(cfg, starts) < windows.cost:
-            restarts = _to_device(seg_start[seg_start % steps != 0], x.device)
-            if flush_applies(states, is_init, restarts=restarts):
+            restarts = seg_start[seg_start % steps != 0]
+            if flush_applies(states, is_init, restarts=torch.from_numpy(restarts).to(x.device)):
                 plan = flush_plan(is_init, starts=starts)
                 return flush_unroll(
                     cfg, fused_weights, x, states, is_init, training=training, plan=plan
                 )
-    pieces = Pieces(
-        start=_to_device(seg_start[order], x.device),
-        length=_to_device(seg_len[order], x.device),
-        lengths=lengths,
-    )
-    if fused_weights is not None:
         return frozen_unroll(cfg, fused_weights, x, states, pieces, training=training, plan=windows)
     lengths = pieces.lengths
     total = n * steps
@@ -152,10 +143,6 @@ def pad_unroll(
         flat = torch.zeros(total, *s.shape[2:], dtype=final.dtype, device=device)
         new_states.append(flat.index_copy(0, end_pos, final).reshape(s.shape))
     return y.reshape(n, steps, -1), tuple(new_states)
-
-
-def _to_device(a: np.ndarray, device: torch.device) -> Tensor:
-    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
 
 
 def _last_step(s: Tensor) -> Tensor:

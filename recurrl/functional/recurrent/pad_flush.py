@@ -60,8 +60,9 @@ from recurrl.functional.recurrent.pad_frozen import (
     layer_params,
     stack_layers,
 )
+from recurrl.functional.sequences import host_starts
 
-__all__ = ["FlushPlan", "flush_applies", "flush_cost", "flush_plan", "flush_unroll", "host_starts"]
+__all__ = ["FlushPlan", "flush_applies", "flush_cost", "flush_plan", "flush_unroll"]
 
 _NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)
 _MARGIN = 800.0  # exp(800) overflows float64 (and float32): sigmoid(-s) == 0.0 exactly
@@ -69,19 +70,6 @@ _MARGIN = 800.0  # exp(800) overflows float64 (and float32): sigmoid(-s) == 0.0 
 #: 1 thread): the gathers, and for the LSTM the recomputation of ``c`` (a matmul of 3/4 of the
 #: forward's, one sigmoid, the recurrence).
 _EXTRA_COST = {"lstm": 0.5, "gru": 0.4}
-
-
-def host_starts(is_init: Tensor) -> np.ndarray:
-    """Where trajectories start, ``[N, T]`` bool on the host, ``t = 0`` True (one sync).
-
-    Examples:
-        >>> import torch
-        >>> host_starts(torch.tensor([[False, True, False]])).tolist()
-        [[True, True, False]]
-    """
-    starts = is_init.detach().cpu().numpy().astype(bool)  # always a copy
-    starts[:, 0] = True
-    return starts
 
 
 def flush_applies(
@@ -154,7 +142,8 @@ class FlushPlan:
 def flush_plan(is_init: Tensor, *, starts: np.ndarray | None = None) -> FlushPlan:
     """The grid of :func:`flush_unroll` for ``is_init [N, T]`` (one host sync).
 
-    ``starts`` is :func:`host_starts` of ``is_init`` where already made (then no sync).
+    ``starts`` is :func:`~recurrl.functional.sequences.host_starts` of ``is_init`` where
+    already made (then no sync).
 
     Examples:
         >>> import torch
@@ -199,7 +188,7 @@ def flush_cost(cfg: RNNConfig, plan: FlushPlan | Tensor | np.ndarray) -> float:
     """Estimated cost of :func:`flush_unroll` in row-steps per layer.
 
     ``plan`` is a :class:`FlushPlan`, or the ``is_init [N, T]`` of one (one host sync), or
-    :func:`host_starts` of it. In the units of
+    :func:`~recurrl.functional.sequences.host_starts` of it. In the units of
     :func:`~recurrl.functional.recurrent.pad_frozen.kernel_costs`, comparable with
     :func:`~recurrl.functional.recurrent.pad_frozen.frozen_plan`'s estimate: ``pad`` takes the
     cheaper of the two layouts when both apply.
