@@ -184,10 +184,10 @@ def flush_plan(is_init: Tensor, *, starts: np.ndarray | None = None) -> FlushPla
     )
 
 
-def flush_cost(cfg: RNNConfig, plan: FlushPlan | Tensor | np.ndarray) -> float:
+def flush_cost(cfg: RNNConfig, starts: Tensor | np.ndarray) -> float:
     """Estimated cost of :func:`flush_unroll` in row-steps per layer.
 
-    ``plan`` is a :class:`FlushPlan`, or the ``is_init [N, T]`` of one (one host sync), or
+    ``starts`` is ``is_init [N, T]`` (one host sync) or
     :func:`~recurrl.functional.sequences.host_starts` of it. In the units of
     :func:`~recurrl.functional.recurrent.pad_frozen.kernel_costs`, comparable with
     :func:`~recurrl.functional.recurrent.pad_frozen.frozen_plan`'s estimate: ``pad`` takes the
@@ -201,13 +201,10 @@ def flush_cost(cfg: RNNConfig, plan: FlushPlan | Tensor | np.ndarray) -> float:
         >>> round(flush_cost(RNNConfig("gru", 3, 64), is_init))
         1010
     """
-    if isinstance(plan, FlushPlan):
-        n, width = plan.rows, plan.width
-        steps = plan.real.numel() // max(n, 1)
-    else:
-        starts = host_starts(plan) if isinstance(plan, Tensor) else plan
-        n, steps = starts.shape
-        width = steps - 1 + int(starts.sum(1).max())  # one flush step per restart in a row
+    if isinstance(starts, Tensor):
+        starts = host_starts(starts)
+    n, steps = starts.shape
+    width = steps - 1 + int(starts.sum(1).max())  # one flush step per restart in a row
     call, step = kernel_costs(cfg)
     cost = call + width * (step + n) + _EXTRA_COST[cfg.mode] * n * steps
     return cost + fresh_memory_cost(cfg, width * n)
@@ -325,10 +322,11 @@ def _lstm_with_cells(
     if ws is not None:
         known, layout = known_layout(grid, hid)
         if not known:  # the first call of this signature: learn where the states lie
-            with torch.no_grad():
-                c = _recompute_c(cfg, w, layer_in, y_flat, h0, c0, plan)
+            c = _recompute_c(cfg, w, layer_in, y_flat, h0, c0, plan)
             at = plan.real.view(plan.rows, steps).t().reshape(-1)  # time-major, as c
-            layout = learn_layout(grid, ws, cy.detach(), c.view(-1, hid), at)
+            layout = learn_layout(grid, ws, cy.detach(), c.detach().view(-1, hid), at)
+            if layout is None:  # not there: the recomputation just made is the answer
+                return y_grid, c.view(steps * plan.rows, -1).index_select(0, plan.end_time_major)
         if layout is not None:
             values = read_cells(ws, layout, cy.detach()).index_select(0, plan.end_grid)
             c_ends = WorkspaceCells.apply(values, recompute, layer_in, y_flat, h0, c0, *weights)

@@ -174,6 +174,41 @@ def test_plan_windows_covers_time_in_order(lengths, call_cost, step_cost):
         assert windows == [(0, lengths[0], len(lengths))]
 
 
+def _plain_scan(lengths, call_cost, step_cost):
+    """The windows' dynamic programme written as a plain double loop (first minimum wins)."""
+    bounds = [0, *sorted(set(lengths))]
+    alive = [sum(1 for ln in lengths if ln > b) for b in bounds[:-1]]
+    best, choice = [0.0] + [float("inf")] * (len(bounds) - 1), [0] * len(bounds)
+    for j in range(1, len(bounds)):
+        for i in range(j):
+            cost = best[i] + call_cost + (bounds[j] - bounds[i]) * (step_cost + alive[i])
+            if cost < best[j]:
+                best[j], choice[j] = cost, i
+    windows, j = [], len(bounds) - 1
+    while j:
+        windows.append((bounds[choice[j]], bounds[j], alive[choice[j]]))
+        j = choice[j]
+    return windows[::-1]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_plan_windows_matches_a_plain_scan(seed):
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(50):
+        n = int(torch.randint(1, 300, (1,), generator=gen))
+        top = int(torch.randint(2, 120, (1,), generator=gen))
+        lengths = sorted(torch.randint(1, top, (n,), generator=gen).tolist(), reverse=True)
+        for call_cost, step_cost in [
+            (187.5, 0.5),
+            (125.0, 75.0),
+            (12000 / 48, 0.5),
+            (4.0, 4800 / 13),
+        ]:
+            assert plan_windows(lengths, call_cost, step_cost) == _plain_scan(
+                lengths, call_cost, step_cost
+            )
+
+
 @pytest.mark.parametrize(
     ("mode", "gate", "bias", "weight_scale"),
     [
