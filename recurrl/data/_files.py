@@ -20,7 +20,7 @@ _FIX = "Fix: load only a directory written by dumps(); write it again with dumps
 
 
 def load_state_file(path: Path, owner: str) -> Any:
-    """``torch.load(path)`` of tensors and plain python data only.
+    """Read a ``torch.save`` file of tensors and plain python data only (weights-only).
 
     Raises:
         pickle.UnpicklingError: the file holds other objects (refused, not executed).
@@ -54,7 +54,7 @@ def load_state_file(path: Path, owner: str) -> Any:
 
 def weights_only_reason(err: BaseException) -> str:
     """The specific part of a ``weights_only`` load error (without torch's generic advice,
-    which suggests ``weights_only=False``: exactly what must not be done with such a file).
+    which suggests turning weights-only loading off: exactly what must not be done here).
 
     Examples:
         >>> weights_only_reason(pickle.UnpicklingError(

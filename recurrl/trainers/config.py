@@ -363,6 +363,12 @@ class RunConfig:
     """Save run_dir/learning_curve.png at the end (when matplotlib is installed)."""
     quiet: bool = False
     """Do not print a progress line per batch."""
+    save_simulator: bool = False
+    """Also store the gymnasium simulators in checkpoint.pt (as a pickle), so that `recurrl
+    train --resume RUN_DIR --trust-checkpoint` continues the interrupted episodes and
+    replays the uninterrupted run exactly; without it a resumed run starts new episodes.
+    Resume with --trust-checkpoint only from a checkpoint you wrote or trust: unpickling
+    can run code."""
 
     def __post_init__(self) -> None:
         _positive("RunConfig", checkpoint_every=self.checkpoint_every)
