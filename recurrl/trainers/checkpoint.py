@@ -181,7 +181,9 @@ def _payload(path: Path) -> bytes:
     try:
         data = path.read_bytes()
     except OSError as err:
-        raise CheckpointError(f"{path}: cannot be read ({err}).") from err
+        raise CheckpointError(
+            f"{path}: cannot be read ({err}). Fix: check the file's permissions and disk."
+        ) from err
     head = len(MAGIC) + _HEADER.size
     if not data:
         raise _fail(path, "the file is empty (0 bytes)")
