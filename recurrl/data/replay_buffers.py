@@ -9,6 +9,7 @@ import torch
 from tensordict import TensorDictBase
 from torch import Tensor
 
+from recurrl.data._files import load_state_file
 from recurrl.data.samplers.base import Sampler
 from recurrl.data.samplers.random import RandomSampler
 from recurrl.data.samplers.slice import MASK_KEY, SliceSampler
@@ -163,15 +164,20 @@ class ReplayBuffer:
                    path / _STATE_FILE)  # fmt: skip
 
     def loads(self, path: str | Path) -> None:
-        """Restore what :meth:`dumps` saved (into a buffer built with the same components)."""
+        """Restore what :meth:`dumps` saved (into a buffer built with the same components).
+
+        Only tensors and plain data are read (``weights_only`` loading, memory maps without
+        pickles): a file holding anything else raises :class:`pickle.UnpicklingError`
+        naming it, without running it; a damaged one raises ``ValueError``.
+        """
         path = Path(path)
         if not (path / _STATE_FILE).exists():
             raise FileNotFoundError(
                 f"{type(self).__name__}.loads: expected a directory written by dumps(), "
                 f"received {str(path)!r} (no {_STATE_FILE}); fix: pass the dumps() path."
             )
+        state = load_state_file(path / _STATE_FILE, f"{type(self).__name__}.loads")
         self.storage.loads(path / "storage")
-        state = torch.load(path / _STATE_FILE)
         self.writer.load_state_dict(state["writer"])
         self.sampler.load_state_dict(state["sampler"])
 

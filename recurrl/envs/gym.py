@@ -407,8 +407,13 @@ class GymEnv(EnvBase):
         return pickle.dumps(state)
 
     def load_simulator_state(self, blob: bytes) -> None:
-        """Swap in a simulator saved by :meth:`simulator_state` (the current one is closed)."""
-        state = pickle.loads(blob)
+        """Swap in a simulator saved by :meth:`simulator_state` (the current one is closed).
+
+        ``blob`` is a pickle: unpickling runs whatever code its author chose. Pass only bytes
+        you wrote yourself or trust (``recurrl train --resume`` calls this only with
+        ``--trust-checkpoint``).
+        """
+        state = pickle.loads(blob)  # trusted: callers pass only blobs the user vouched for
         self._env.close()
         self._env = state["env"]
         if state["needs_reset"] is not None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from recurrl.trainers.config import ALGOS, SECTIONS, TrainConfig, field_docs
+from recurrl.trainers.errors import UsageError
 from recurrl.trainers.evaluate import CONFIG, evaluate, load_config
 
 __all__ = ["build_parser", "config_from_args", "main"]
@@ -111,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue the run in RUN_DIR from its checkpoint (its config.json, updated by "
         "the options given here, e.g. a larger --frames)",
     )  # fmt: skip
+    train.add_argument(
+        "--trust-checkpoint", action="store_true",
+        help="with --resume: also restore the gymnasium simulators that a run trained with "
+        "--save-simulator stored in its checkpoint, so the interrupted episodes continue and "
+        "the run replays the uninterrupted one exactly. They are a pickle, which can run "
+        "code: use only on a checkpoint you wrote or trust (default: off, new episodes)",
+    )  # fmt: skip
     added: dict[str, argparse.Action] = {}
     _add_fields(train.add_argument_group("algorithm"), TrainConfig, None, added)
     for name, cls in SECTIONS.items():
@@ -147,7 +155,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         )
     data["algo"] = algo
     for dest, value in options.items():
-        if dest in ("command", "resume", "algo"):
+        if dest in ("command", "resume", "trust_checkpoint", "algo"):
             continue
         section, _, name = dest.rpartition(_SEP)
         if section in ALGOS and section != algo:
@@ -179,6 +187,11 @@ def _train(args: argparse.Namespace) -> int:
     from recurrl.trainers.dqn import train as train_dqn
     from recurrl.trainers.ppo import train as train_ppo
 
+    if args.trust_checkpoint and not args.resume:
+        raise UsageError(
+            "--trust-checkpoint applies to a resumed run's checkpoint, but no --resume was "
+            "given. Fix: add --resume RUN_DIR, or drop --trust-checkpoint."
+        )
     cfg = config_from_args(args)
     if cfg.run.run_dir is None:
         cfg.run.run_dir = _default_run_dir(cfg)
@@ -191,7 +204,7 @@ def _train(args: argparse.Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     train = train_dqn if cfg.algo == "dqn" else train_ppo
-    out = train(cfg, resume=bool(args.resume))
+    out = train(cfg, resume=bool(args.resume), trust_checkpoint=args.trust_checkpoint)
     print(out)
     return 0
 

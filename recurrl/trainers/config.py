@@ -13,6 +13,8 @@ import functools
 import inspect
 import itertools
 import textwrap
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -361,6 +363,12 @@ class RunConfig:
     """Save run_dir/learning_curve.png at the end (when matplotlib is installed)."""
     quiet: bool = False
     """Do not print a progress line per batch."""
+    save_simulator: bool = False
+    """Also store the gymnasium simulators in checkpoint.pt (as a pickle), so that `recurrl
+    train --resume RUN_DIR --trust-checkpoint` continues the interrupted episodes and
+    replays the uninterrupted run exactly; without it a resumed run starts new episodes.
+    Resume with --trust-checkpoint only from a checkpoint you wrote or trust: unpickling
+    can run code."""
 
     def __post_init__(self) -> None:
         _positive("RunConfig", checkpoint_every=self.checkpoint_every)
@@ -464,15 +472,75 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """Rebuild (and validate) a config from :meth:`to_dict`'s output."""
-        sections = {f.name: f for f in dataclasses.fields(cls)}
+        """Rebuild (and validate) a config from :meth:`to_dict`'s output.
+
+        Every entry must be a field of its section with a value of the field's type (JSON
+        types: an int is accepted where a float is expected); missing entries take their
+        defaults.
+
+        Examples:
+            >>> TrainConfig.from_dict({"model": {"hidden_size": "64"}})
+            Traceback (most recent call last):
+            ...
+            ValueError: TrainConfig: model.hidden_size must be int, received '64' (str)...
+        """
+        _check_entries(cls, data, "")
         kwargs: dict[str, Any] = {}
         for name, value in data.items():
-            if name not in sections:
-                raise ValueError(f"TrainConfig: unknown entry {name!r} in the config.")
             sub = SECTIONS.get(name)
+            if sub is not None:
+                _check_entries(sub, value, f"{name}.")
             kwargs[name] = sub(**value) if sub is not None else value
         return cls(**kwargs)
+
+
+def _type_name(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(hint))
+    return "null" if hint is type(None) else getattr(hint, "__name__", str(hint))
+
+
+def _has_type(hint: Any, value: Any) -> bool:
+    """Whether a JSON value fits a field annotation (bool is not an int here)."""
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return any(type(value) is type(a) and value == a for a in typing.get_args(hint))
+    if origin in (typing.Union, types.UnionType):
+        return any(_has_type(a, value) for a in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _check_entries(cls: type, data: Any, where: str) -> None:
+    """Raise ``ValueError`` for a non-dict, an unknown entry or a value of the wrong type."""
+    name = where.rstrip(".") or "the config"
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"TrainConfig: {name} must be a JSON object of {cls.__name__} entries, received "
+            f"{data!r} ({type(data).__name__})."
+        )
+    hints = typing.get_type_hints(cls)
+    fields = [f.name for f in dataclasses.fields(cls)]
+    for key, value in data.items():
+        if key not in fields:
+            raise ValueError(
+                f"TrainConfig: unknown entry {where}{key} in {name}; expected some of "
+                f"{fields}. Fix: remove it, or correct its spelling."
+            )
+        section = cls is TrainConfig and key in SECTIONS  # checked entry by entry
+        if not section and not _has_type(hints[key], value):
+            raise ValueError(
+                f"TrainConfig: {where}{key} must be {_type_name(hints[key])}, received "
+                f"{value!r} ({type(value).__name__}). Fix: correct that entry."
+            )
 
 
 #: the nested sections of :class:`TrainConfig` and their classes

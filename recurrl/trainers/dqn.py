@@ -31,7 +31,8 @@ Q-function became constant across states (see ``benchmarks/learning/README.md``)
 Checkpoints hold the replay buffer, the target network, the updater's counter and whether the
 observation statistics were fitted besides
 what :mod:`recurrl.trainers.checkpoint` saves for every recipe, so a resumed run replays the
-uninterrupted one. :func:`recurrl.trainers.evaluate` acts greedily with the Q-network.
+uninterrupted one (simulators saved with ``--save-simulator``, restored with
+``--trust-checkpoint``). :func:`recurrl.trainers.evaluate` acts greedily with the Q-network.
 """
 
 from __future__ import annotations
@@ -158,9 +159,14 @@ class DQNTrainer:
     Args:
         cfg: the resolved config (``cfg.algo == "dqn"``, ``cfg.run.run_dir`` set).
         resume: continue from ``run_dir/checkpoint.pt``.
+        trust_checkpoint: with ``resume``, also restore the simulators stored in the
+            checkpoint (a pickle: only for a checkpoint you wrote or trust); see
+            :func:`recurrl.trainers.checkpoint.restore`.
     """
 
-    def __init__(self, cfg: TrainConfig, *, resume: bool = False) -> None:
+    def __init__(
+        self, cfg: TrainConfig, *, resume: bool = False, trust_checkpoint: bool = False
+    ) -> None:
         self.cfg = cfg
         d = cfg.dqn
         self.run_dir = Path(cfg.run.run_dir or ".")
@@ -201,7 +207,7 @@ class DQNTrainer:
         self.batches = 0
         self.normalized = False  # obs_norm fitted (its buffers are in the checkpoint)
         if resume:
-            ckpt.restore(ckpt.load(self.run_dir), self)
+            ckpt.restore(ckpt.load(self.run_dir), self, trust=trust_checkpoint)
         self.logger = MetricsLogger(
             self.run_dir, tensorboard=cfg.run.tensorboard, truncate_after=self.collector.frames
         )
@@ -316,6 +322,13 @@ class DQNTrainer:
         return self.run_dir
 
 
-def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = None) -> Path:
+def train(
+    cfg: TrainConfig,
+    *,
+    resume: bool = False,
+    trust_checkpoint: bool = False,
+    stop_after: int | None = None,
+) -> Path:
     """Train recurrent DQN as configured; returns the run directory (see :class:`DQNTrainer`)."""
-    return DQNTrainer(cfg, resume=resume).train(stop_after=stop_after)
+    trainer = DQNTrainer(cfg, resume=resume, trust_checkpoint=trust_checkpoint)
+    return trainer.train(stop_after=stop_after)

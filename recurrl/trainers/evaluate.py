@@ -11,6 +11,7 @@ from recurrl.collectors import Collector
 from recurrl.trainers import checkpoint as ckpt
 from recurrl.trainers.config import TrainConfig
 from recurrl.trainers.dqn import QNetwork
+from recurrl.trainers.errors import CheckpointError
 from recurrl.trainers.models import ActorCritic, make_env
 
 __all__ = ["CONFIG", "evaluate", "load_config"]
@@ -20,14 +21,31 @@ STEPS_PER_BATCH = 100
 
 
 def load_config(run_dir: Path | str) -> TrainConfig:
-    """The resolved config saved in ``run_dir/config.json``."""
+    """The resolved config saved in ``run_dir/config.json``.
+
+    Raises:
+        CheckpointError: the file is missing, is not JSON (empty, truncated, garbage), or
+            holds an unknown entry, a value of the wrong type or an invalid setting; the
+            message names the file.
+    """
     path = Path(run_dir) / CONFIG
     if not path.is_file():
-        raise FileNotFoundError(
+        raise CheckpointError(
             f"no {CONFIG} in {run_dir}. Fix: pass the run directory that `recurrl train` "
             f"printed on its last line."
         )
-    return TrainConfig.from_dict(json.loads(path.read_text()))
+    fix = "Fix: correct the file, or copy it from a backup of the run."
+    try:
+        data = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        what = "empty" if not path.stat().st_size else f"not valid JSON ({err})"
+        raise CheckpointError(f"{path}: expected the JSON config of a run, the file is {what}. "
+                              f"{fix}") from err  # fmt: skip
+    try:
+        return TrainConfig.from_dict(data)
+    except (ValueError, TypeError) as err:
+        message = str(err) if "Fix:" in str(err) else f"{err} {fix}"
+        raise CheckpointError(f"{path}: {message}") from err
 
 
 def evaluate(

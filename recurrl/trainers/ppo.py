@@ -13,7 +13,8 @@ One batch of the loop (:func:`train`):
    clipping.
 
 Same seed, same numbers; a run stopped after a checkpoint and resumed gives the numbers of
-the uninterrupted run (see :mod:`recurrl.trainers.checkpoint`).
+the uninterrupted run when its simulators were saved (``--save-simulator``) and restored
+(``--trust-checkpoint``); see :mod:`recurrl.trainers.checkpoint`.
 """
 
 from __future__ import annotations
@@ -76,9 +77,14 @@ class PPOTrainer:
     Args:
         cfg: the resolved config (``cfg.run.run_dir`` set).
         resume: continue from ``run_dir/checkpoint.pt``.
+        trust_checkpoint: with ``resume``, also restore the simulators stored in the
+            checkpoint (a pickle: only for a checkpoint you wrote or trust); see
+            :func:`recurrl.trainers.checkpoint.restore`.
     """
 
-    def __init__(self, cfg: TrainConfig, *, resume: bool = False) -> None:
+    def __init__(
+        self, cfg: TrainConfig, *, resume: bool = False, trust_checkpoint: bool = False
+    ) -> None:
         self.cfg = cfg
         self.run_dir = Path(cfg.run.run_dir or ".")
         self.device = torch.device(cfg.run.device)
@@ -105,8 +111,7 @@ class PPOTrainer:
         self.recent: deque[float] = deque(maxlen=RECENT_EPISODES)
         self.batches = 0
         if resume:
-            state = ckpt.load(self.run_dir)
-            ckpt.restore(state, self)
+            ckpt.restore(ckpt.load(self.run_dir), self, trust=trust_checkpoint)
         self.logger = MetricsLogger(
             self.run_dir, tensorboard=cfg.run.tensorboard, truncate_after=self.collector.frames
         )
@@ -201,6 +206,13 @@ class PPOTrainer:
         return self.run_dir
 
 
-def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = None) -> Path:
+def train(
+    cfg: TrainConfig,
+    *,
+    resume: bool = False,
+    trust_checkpoint: bool = False,
+    stop_after: int | None = None,
+) -> Path:
     """Train PPO as configured; returns the run directory (see :class:`PPOTrainer`)."""
-    return PPOTrainer(cfg, resume=resume).train(stop_after=stop_after)
+    trainer = PPOTrainer(cfg, resume=resume, trust_checkpoint=trust_checkpoint)
+    return trainer.train(stop_after=stop_after)

@@ -30,13 +30,15 @@ def metric_numbers(run_dir) -> list[dict[str, str]]:
 
 def check_resume_replays(capsys, tmp_path, argv: list[str], trainer_cls, stop_after: int) -> None:
     """Train ``argv`` uninterrupted, and again stopped after the checkpoint at ``stop_after``
-    frames then ``recurrl train --resume``: both runs must log the same numbers."""
+    frames then ``recurrl train --resume --trust-checkpoint`` (the simulators saved with
+    ``--save-simulator``): both runs must log the same numbers."""
+    argv = [*argv, "--save-simulator"]
     run_cli(capsys, "train", *argv, "--run-dir", str(tmp_path / "full"))
     cfg = parse_train(*argv, "--run-dir", str(tmp_path / "cut"))
     (tmp_path / "cut").mkdir()
     (tmp_path / "cut" / "config.json").write_text(json.dumps(cfg.to_dict()))
     trainer_cls(cfg).train(stop_after=stop_after)
     assert len(read_metrics(tmp_path / "cut")) == 2
-    lines = run_cli(capsys, "train", "--resume", str(tmp_path / "cut"))
+    lines = run_cli(capsys, "train", "--resume", str(tmp_path / "cut"), "--trust-checkpoint")
     assert lines[-1] == str(tmp_path / "cut")
     assert metric_numbers(tmp_path / "cut") == metric_numbers(tmp_path / "full")

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from torch import Tensor
+
+from recurrl.data._files import load_state_file, load_tensordict
 
 __all__ = ["Storage"]
 
@@ -174,12 +176,16 @@ class Storage:
         )
 
     def loads(self, path: str | Path) -> None:
-        """Load what :meth:`dumps` saved under ``path``."""
+        """Load what :meth:`dumps` saved under ``path``.
+
+        Only tensors and plain data are read: a file holding anything else (e.g. a pickle
+        placed there by someone else) raises :class:`pickle.UnpicklingError` naming the
+        file, without running it; a damaged one raises ``ValueError``.
+        """
         path = Path(path)
-        meta = torch.load(path / "meta.pt")
-        data = None
-        if (path / "data").exists():
-            data = TensorDict.load_memmap(path / "data")
+        owner = f"{type(self).__name__}.loads"
+        meta = load_state_file(path / "meta.pt", owner)
+        data = load_tensordict(path / "data", owner) if (path / "data").exists() else None
         self.load_state_dict({**meta, "data": data})
 
     def _check_size(self, data: TensorDictBase | None) -> None:
