@@ -158,9 +158,13 @@ class DQNTrainer:
     Args:
         cfg: the resolved config (``cfg.algo == "dqn"``, ``cfg.run.run_dir`` set).
         resume: continue from ``run_dir/checkpoint.pt``.
+        state: with ``resume``, the checkpoint already read by :func:`checkpoint.load
+            <recurrl.trainers.checkpoint.load>` (else it is read from ``run_dir``).
     """
 
-    def __init__(self, cfg: TrainConfig, *, resume: bool = False) -> None:
+    def __init__(
+        self, cfg: TrainConfig, *, resume: bool = False, state: dict[str, Any] | None = None
+    ) -> None:
         self.cfg = cfg
         d = cfg.dqn
         self.run_dir = Path(cfg.run.run_dir or ".")
@@ -201,7 +205,7 @@ class DQNTrainer:
         self.batches = 0
         self.normalized = False  # obs_norm fitted (its buffers are in the checkpoint)
         if resume:
-            ckpt.restore(ckpt.load(self.run_dir), self)
+            ckpt.restore(ckpt.load(self.run_dir) if state is None else state, self)
         self.logger = MetricsLogger(
             self.run_dir, tensorboard=cfg.run.tensorboard, truncate_after=self.collector.frames
         )
@@ -282,8 +286,12 @@ class DQNTrainer:
         }
 
     # ------------------------------------------------------------------ loop
-    def train(self, *, stop_after: int | None = None) -> Path:
+    def train(self, *, stop_after: int | None = None, stop: Any = None) -> Path:
         """Run until ``cfg.dqn.frames`` (or ``stop_after`` frames, a simulated interruption).
+
+        Args:
+            stop: as in :meth:`PPOTrainer.train <recurrl.trainers.PPOTrainer.train>`: once
+                ``stop.is_set()`` after a batch, save a checkpoint and return.
 
         Returns the run directory.
         """
@@ -307,8 +315,12 @@ class DQNTrainer:
                     f"epsilon {eps:.3f} | loss {row['loss']:.4f}",
                     flush=True,
                 )
-            if frames // every > (frames - d.frames_per_batch) // every or frames >= limit:
+            stopping = stop is not None and stop.is_set()
+            due = frames // every > (frames - d.frames_per_batch) // every
+            if due or frames >= limit or stopping:
                 ckpt.save(self.run_dir, self)
+            if stopping:
+                break
         self.logger.close()
         self.collector.shutdown()
         if cfg.run.plot and self.collector.frames >= d.frames:
