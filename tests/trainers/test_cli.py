@@ -17,7 +17,13 @@ from recurrl.trainers import checkpoint as ckpt
 from recurrl.trainers.cli import main
 from recurrl.trainers.logger import read_metrics
 
-from ._helpers import check_resume_replays, metric_numbers, parse_train, run_cli
+from ._helpers import (
+    StopAfterBatches,
+    check_resume_replays,
+    metric_numbers,
+    parse_train,
+    run_cli,
+)
 
 # 2 envs x 64 steps per batch, 2 batches: about a second per run
 TINY = [
@@ -106,6 +112,12 @@ def test_same_seed_same_numbers(tmp_path, capsys):
 def test_resume_replays_the_uninterrupted_run(tmp_path, capsys, extra):
     argv = [*TINY, "--frames", "512", "--checkpoint-every", "256", *extra]
     check_resume_replays(capsys, tmp_path, argv, PPOTrainer, stop_after=256)
+
+
+def test_a_stop_request_saves_the_batch_and_resume_replays_the_uninterrupted_run(tmp_path, capsys):
+    # no periodic checkpoint: the one at 256 frames is the stop's (what Ctrl-C does)
+    argv = [*TINY, "--frames", "512", "--checkpoint-every", "100000"]
+    check_resume_replays(capsys, tmp_path, argv, PPOTrainer, stop=StopAfterBatches(2))
 
 
 def test_resume_with_more_frames_continues(tmp_path, capsys):
