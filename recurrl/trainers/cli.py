@@ -5,6 +5,13 @@ The ``train`` options are generated from the config dataclasses of
 only builds a :class:`~recurrl.trainers.config.TrainConfig` from them, saves it as
 ``run_dir/config.json`` and runs the recipe.
 
+Around the recipe it keeps runs safe from mistakes and interruptions: a
+:class:`~recurrl.trainers.errors.UsageError` is one line and exit status 2 (anything else
+is an internal error, with its traceback); a resume that does not fit its checkpoint is
+refused before anything is written; SIGINT / SIGTERM end the run at a batch boundary with a
+checkpoint; one process at a time holds a run directory
+(:mod:`~recurrl.trainers.run_lock`). See ``docs/implementation_details.md``, section 14.
+
 Examples:
     >>> parser = build_parser()
     >>> args = parser.parse_args(["train", "--memory", "gru", "--frames", "2000"])
@@ -167,8 +174,12 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if saved and algo != saved["algo"]:  # before the merge: the sections would not fit
         raise UsageError(_conflict_message(resume, [("algo", saved["algo"], algo)]))
     data["algo"] = algo
+    top = {f.name for f in dataclasses.fields(TrainConfig)} - SECTIONS.keys()  # algo
     for dest, value in options.items():
-        if dest in ("command", "resume", "algo"):
+        if dest in top:
+            data[dest] = value
+            continue
+        if _SEP not in dest:  # an option of the command (--resume), not a config field
             continue
         section, _, name = dest.rpartition(_SEP)
         if section in ALGOS and section != algo:
@@ -176,8 +187,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                 f"{_flag(name)} is a {section} option, but the algorithm is {algo}. Fix: "
                 f"--algo {section}, or drop {_flag(name)}."
             )
-        section = algo if section == _ALGO else section
-        (data[section] if section else data)[name] = value
+        data[algo if section == _ALGO else section][name] = value
     if resume:
         # where the run lies now: a moved or copied directory resumes in its new place
         given = options.get(f"run{_SEP}run_dir")

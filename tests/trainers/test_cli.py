@@ -308,6 +308,22 @@ def test_internal_errors_propagate_and_a_failed_start_leaves_no_run_dir(
     assert (existing / "notes.txt").read_text() == "x"
 
 
+def test_ctrl_c_during_the_start_leaves_no_run_dir(tmp_path, capsys, monkeypatch):
+    def interrupted(self, cfg, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PPOTrainer, "__init__", interrupted)
+    assert main(["train", *TINY, "--run-dir", str(tmp_path / "run")]) == 130
+    assert "recurrl train: interrupted" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_eval_of_a_missing_run_is_a_usage_error(tmp_path, capsys):
+    assert main(["eval", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("recurrl eval: error: expected a run directory") and "Fix:" in err
+
+
 def test_an_error_inside_training_is_internal(tmp_path, monkeypatch):
     def broken(self, batch):
         raise ValueError("shape mismatch deep inside the update")
