@@ -423,12 +423,13 @@ def _run(trainer: Any, cfg: TrainConfig, run_dir: Path, signals: _Signals) -> in
         return 128 + err.signum
     finally:
         signals.training = False
-    frames = trainer.collector.frames
+    frames, target = trainer.collector.frames, _section(cfg).frames
     if signals.stop.is_set():
         assert signals.signum is not None
+        then = f"Resume with: {resume}" if frames < target else "The run is complete."
         print(
-            f"stopped by {signal.Signals(signals.signum).name} at frame {frames} of "
-            f"{_section(cfg).frames}; checkpoint saved. Resume with: {resume}",
+            f"stopped by {signal.Signals(signals.signum).name} at frame {frames} of {target}; "
+            f"checkpoint saved. {then}",
             file=sys.stderr,
         )
         print(run_dir)
