@@ -44,8 +44,10 @@ def run(
     argv = ["train", "--algo", algo, "--memory", memory, "--seed", str(seed),
             "--run-dir", str(run_dir)]  # fmt: skip
     start = time.perf_counter()
-    with contextlib.redirect_stdout(io.StringIO()):
-        recurrl([*argv, "--quiet", *extra])
+    with contextlib.redirect_stdout(io.StringIO()):  # evaluated below, with --episodes
+        status = recurrl([*argv, "--quiet", "--eval-episodes", "0", *extra])
+    if status:
+        raise SystemExit(f"recurrl {' '.join(argv)} failed (exit status {status})")
     wall = time.perf_counter() - start
     rows = [r for r in read_metrics(run_dir) if r["recent_return"]]
     curve = [(int(r["frames"]), float(r["recent_return"])) for r in rows]

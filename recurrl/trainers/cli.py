@@ -5,6 +5,13 @@ The ``train`` options are generated from the config dataclasses of
 only builds a :class:`~recurrl.trainers.config.TrainConfig` from them, saves it as
 ``run_dir/config.json`` and runs the recipe.
 
+Around the recipe it keeps runs safe from mistakes and interruptions: a
+:class:`~recurrl.trainers.errors.UsageError` is one line and exit status 2 (anything else
+is an internal error, with its traceback); a resume that does not fit its checkpoint is
+refused before anything is written; SIGINT / SIGTERM end the run at a batch boundary with a
+checkpoint; one process at a time holds a run directory
+(:mod:`~recurrl.trainers.run_lock`). See ``docs/implementation_details.md``, section 14.
+
 Examples:
     >>> parser = build_parser()
     >>> args = parser.parse_args(["train", "--memory", "gru", "--frames", "2000"])
@@ -16,20 +23,36 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import dataclasses
 import json
+import os
+import shlex
+import shutil
+import signal
 import statistics
 import sys
+import threading
 import time
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from recurrl.trainers.config import ALGOS, SECTIONS, TrainConfig, field_docs
+from recurrl.trainers.checkpoint import CHECKPOINT
+from recurrl.trainers.config import (
+    ALGOS,
+    RESUMABLE,
+    SECTIONS,
+    TrainConfig,
+    field_docs,
+    resume_conflicts,
+)
 from recurrl.trainers.errors import UsageError
-from recurrl.trainers.evaluate import CONFIG, evaluate, load_config
+from recurrl.trainers.evaluate import CONFIG, evaluate, load_config, require_checkpoint
+from recurrl.trainers.run_lock import lock_run_dir
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
@@ -144,36 +167,71 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
     Starts from the defaults (or, with ``--resume``, from the run's ``config.json``) and
     applies the options given on the command line.
+
+    Raises:
+        UsageError: an invalid option value, or (``--resume``) an option the run's stored
+            state does not allow to change (:data:`~recurrl.trainers.config.RESUMABLE`).
+        CheckpointError: the ``--resume`` directory holds no valid run.
     """
     resume = getattr(args, "resume", None)
-    data = load_config(resume).to_dict() if resume else TrainConfig().to_dict()
+    saved = load_config(resume).to_dict() if resume else None
+    data = copy.deepcopy(saved) if saved else TrainConfig().to_dict()
     options = vars(args)
     algo = options.get("algo", data["algo"])
-    if resume and algo != data["algo"]:
-        raise ValueError(
-            f"--algo {algo} differs from the {data['algo']} run in {resume}. Fix: drop --algo."
-        )
+    if saved and algo != saved["algo"]:  # before the merge: the sections would not fit
+        raise UsageError(_conflict_message(resume, [("algo", saved["algo"], algo)]))
     data["algo"] = algo
+    top = {f.name for f in dataclasses.fields(TrainConfig)} - SECTIONS.keys()  # algo
     for dest, value in options.items():
-        if dest in ("command", "resume", "trust_checkpoint", "algo"):
+        if dest in top:
+            data[dest] = value
+            continue
+        if _SEP not in dest:  # an option of the command (--resume), not a config field
             continue
         section, _, name = dest.rpartition(_SEP)
         if section in ALGOS and section != algo:
-            raise ValueError(
+            raise UsageError(
                 f"{_flag(name)} is a {section} option, but the algorithm is {algo}. Fix: "
                 f"--algo {section}, or drop {_flag(name)}."
             )
-        section = algo if section == _ALGO else section
-        (data[section] if section else data)[name] = value
+        data[algo if section == _ALGO else section][name] = value
     if resume:
-        given = data["run"]["run_dir"]
+        # where the run lies now: a moved or copied directory resumes in its new place
+        given = options.get(f"run{_SEP}run_dir")
         if given is not None and Path(given).resolve() != Path(resume).resolve():
-            raise ValueError(
+            raise UsageError(
                 f"--run-dir {given} differs from --resume {resume}: a resumed run continues in "
                 f"its own directory. Fix: drop --run-dir."
             )
         data["run"]["run_dir"] = str(resume)
-    return TrainConfig.from_dict(data)
+        conflicts = resume_conflicts(saved, data)
+        if conflicts:
+            raise UsageError(_conflict_message(resume, conflicts))
+    try:
+        return TrainConfig.from_dict(data)
+    except (TypeError, ValueError) as err:  # the config's own checks: the user's options
+        raise UsageError(str(err)) from err
+
+
+def _shown(name: str, value: Any) -> str:
+    """``--option value`` as typed on the command line (``--flag`` / ``--no-flag``)."""
+    flag = _flag(name.rpartition(_SEP)[2])
+    if isinstance(value, bool):
+        return flag if value else f"--no-{flag[2:]}"
+    return f"{flag} {value}"
+
+
+def _conflict_message(run_dir: str, conflicts: list[tuple[str, Any, Any]]) -> str:
+    changed = "; ".join(
+        f"the run has {_shown(n, old)}, received {_shown(n, new)}" for n, old, new in conflicts
+    )
+    flags = " ".join(dict.fromkeys(_flag(n.rpartition(_SEP)[2]) for n, _, _ in conflicts))
+    allowed = ", ".join(sorted({_flag(n.rpartition(_SEP)[2]) for n in RESUMABLE} - {"--run-dir"}))
+    return (
+        f"--resume {run_dir} cannot change what its checkpoint was trained with: {changed}. "
+        f"Fix: drop {flags} (a resumed run may only change {allowed}), or start a new run "
+        f"with these options and another --run-dir."
+    )
 
 
 def _default_run_dir(cfg: TrainConfig) -> str:
@@ -182,54 +240,265 @@ def _default_run_dir(cfg: TrainConfig) -> str:
     return str(Path("runs") / f"{cfg.env.env}-{algo}{cfg.model.memory}-s{cfg.run.seed}-{stamp}")
 
 
-def _train(args: argparse.Namespace) -> int:
-    from recurrl.trainers.checkpoint import CHECKPOINT
-    from recurrl.trainers.dqn import train as train_dqn
-    from recurrl.trainers.ppo import train as train_ppo
+def _check_device(device: str) -> None:
+    """A usage error when ``device`` does not exist on this machine (before anything runs)."""
+    import torch
 
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return
+    backend = getattr(torch, dev.type, None)  # torch.cuda, torch.mps, torch.xpu
+    available = getattr(backend, "is_available", None)
+    if available is None or not available():
+        built = f"; this torch {torch.__version__} is built without CUDA" if (
+            dev.type == "cuda" and torch.version.cuda is None) else ""  # fmt: skip
+        raise UsageError(
+            f"--device {device}: {dev.type.upper()} is not available on this machine{built}. "
+            f"Fix: --device cpu."
+        )
+    count = getattr(backend, "device_count", lambda: 1)()
+    if dev.index is not None and dev.index >= count:
+        raise UsageError(
+            f"--device {device}: this machine has {count} {dev.type} device(s), numbered from "
+            f"0. Fix: --device {dev.type}:0."
+        )
+
+
+def _prog() -> str:
+    """How the user called the command (for the commands we print)."""
+    return "python -m recurrl" if Path(sys.argv[0]).name == "__main__.py" else "recurrl"
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped the command; exit status ``128 + signum`` (130, 143)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class _Signals:
+    """SIGINT / SIGTERM handling of one command (installed by :func:`main`).
+
+    Outside training a signal raises :class:`Interrupted` (no traceback, cleanup runs). While
+    a trainer runs (:attr:`training`), the first signal only sets :attr:`stop`: the trainer
+    finishes its batch, saves a checkpoint at that batch boundary (so the resumed run replays
+    the uninterrupted one) and returns. A second signal stops at once, without saving.
+    """
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.signum: int | None = None
+        self.training = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if not self.training or self.stop.is_set():
+            raise Interrupted(signum)
+        self.signum = signum
+        self.stop.set()
+        print(
+            f"\n{signal.Signals(signum).name}: stopping after the current batch to save a "
+            f"checkpoint (send it again to stop at once, without saving).",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[_Signals]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self  # signal handlers can only be set in the main thread
+            return
+        previous = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def _new_dir(path: Path) -> Iterator[Callable[[], None]]:
+    """Create ``path`` (and missing parents) for a new run; remove what was created if the
+    block fails before it calls the yielded ``started()`` (a failed start leaves nothing)."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(
+            f"--run-dir {path} is a file; expected a directory (new, or an existing one). "
+            f"Fix: another --run-dir."
+        )
+    created = next((p for p in reversed([path, *path.parents]) if not p.exists()), None)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(
+            f"--run-dir {path} cannot be created ({err.strerror}: {err.filename}). Fix: "
+            f"another --run-dir, in a directory you can write to."
+        ) from err
+    done = False
+
+    def started() -> None:
+        nonlocal done
+        done = True
+
+    try:
+        yield started
+    except BaseException:
+        if created is not None and not done:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+def _train(args: argparse.Namespace, signals: _Signals) -> int:
     if args.trust_checkpoint and not args.resume:
         raise UsageError(
             "--trust-checkpoint applies to a resumed run's checkpoint, but no --resume was "
             "given. Fix: add --resume RUN_DIR, or drop --trust-checkpoint."
         )
     cfg = config_from_args(args)
+    _check_device(cfg.run.device)
+    if args.resume:
+        run_dir = Path(args.resume)
+        with lock_run_dir(run_dir):  # first: a live run may not have its checkpoint yet
+            return _resume(cfg, run_dir, signals, trust=args.trust_checkpoint)
     if cfg.run.run_dir is None:
         cfg.run.run_dir = _default_run_dir(cfg)
     run_dir = Path(cfg.run.run_dir)
-    if not args.resume and (run_dir / CHECKPOINT).exists():
-        raise ValueError(
-            f"{run_dir} already holds a run. Fix: --resume {run_dir} to continue it, or "
-            f"another --run-dir."
+    with _new_dir(run_dir) as started, lock_run_dir(run_dir):
+        if (run_dir / CHECKPOINT).exists():
+            raise UsageError(
+                f"{run_dir} already holds a run. Fix: --resume {run_dir} to continue it, or "
+                f"another --run-dir."
+            )
+        print(f"run directory: {run_dir}", flush=True)
+        trainer = _trainer(cfg)(cfg)
+        _write_config(cfg, run_dir)
+        started()
+        return _run(trainer, cfg, run_dir, signals)
+
+
+def _resume(cfg: TrainConfig, run_dir: Path, signals: _Signals, *, trust: bool) -> int:
+    from recurrl.trainers import checkpoint as ckpt
+
+    require_checkpoint(run_dir)
+    state = ckpt.load(run_dir)
+    done, frames = int(state["frames"]), _section(cfg).frames
+    if done >= frames:
+        if done > frames:
+            raise UsageError(
+                f"--frames {frames} is fewer than the {done} frames the run in {run_dir} has "
+                f"already trained. Fix: --frames {done + _section(cfg).frames_per_batch} or more."
+            )
+        print(
+            f"nothing to do: the run in {run_dir} has already trained its {frames} frames. To "
+            f"train it further: {_prog()} train --resume {shlex.quote(str(run_dir))} --frames "
+            f"{2 * frames} (any larger multiple of --frames-per-batch)."
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-    train = train_dqn if cfg.algo == "dqn" else train_ppo
-    out = train(cfg, resume=bool(args.resume), trust_checkpoint=args.trust_checkpoint)
-    print(out)
+        print(run_dir)
+        return 0
+    print(f"resuming {run_dir} from frame {done} of {frames}", flush=True)
+    trainer = _trainer(cfg)(cfg, resume=True, state=state, trust_checkpoint=trust)
+    _write_config(cfg, run_dir)  # only now: a refused or failed resume leaves it as it was
+    return _run(trainer, cfg, run_dir, signals)
+
+
+def _section(cfg: TrainConfig) -> Any:
+    return getattr(cfg, cfg.algo)
+
+
+def _trainer(cfg: TrainConfig) -> Any:
+    from recurrl.trainers.dqn import DQNTrainer
+    from recurrl.trainers.ppo import PPOTrainer
+
+    return DQNTrainer if cfg.algo == "dqn" else PPOTrainer
+
+
+def _write_config(cfg: TrainConfig, run_dir: Path) -> None:
+    path = run_dir / CONFIG
+    tmp = path.with_suffix(".tmp")  # atomic: a kill never leaves a run without its config
+    tmp.write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _run(trainer: Any, cfg: TrainConfig, run_dir: Path, signals: _Signals) -> int:
+    """Train (a signal stops at the next batch boundary, with a checkpoint), then evaluate."""
+    resume = f"{_prog()} train --resume {shlex.quote(str(run_dir))}"
+    signals.training = True
+    try:
+        trainer.train(stop=signals.stop)
+    except Interrupted as err:
+        then = (
+            f"{resume} continues from the last checkpoint."
+            if (run_dir / CHECKPOINT).exists()
+            else "no checkpoint was saved yet: start the run again."
+        )
+        name = signal.Signals(err.signum).name
+        print(f"stopped by {name} without saving the current batch; {then}", file=sys.stderr)
+        print(run_dir)
+        return 128 + err.signum
+    finally:
+        signals.training = False
+    frames, target = trainer.collector.frames, _section(cfg).frames
+    if signals.stop.is_set():
+        assert signals.signum is not None
+        then = f"Resume with: {resume}" if frames < target else "The run is complete."
+        print(
+            f"stopped by {signal.Signals(signals.signum).name} at frame {frames} of {target}; "
+            f"checkpoint saved. {then}",
+            file=sys.stderr,
+        )
+        print(run_dir)
+        return 128 + signals.signum
+    if cfg.run.eval_episodes:
+        returns = evaluate(run_dir, episodes=cfg.run.eval_episodes)
+        print(f"greedy evaluation: {_summary(returns)}")
+    print(run_dir)
     return 0
+
+
+def _summary(returns: list[float]) -> str:
+    mean, std = statistics.fmean(returns), statistics.pstdev(returns)
+    return f"mean_return: {mean:.2f} ± {std:.2f} over {len(returns)} episodes"
 
 
 def _eval(args: argparse.Namespace) -> int:
+    def progress(done: int, total: int) -> None:
+        print(f"episodes done: {done}/{total}", file=sys.stderr, flush=True)
+
     returns = evaluate(
-        args.run_dir, episodes=args.episodes, seed=args.seed, deterministic=not args.sample
-    )
-    mean = statistics.fmean(returns)
-    std = statistics.pstdev(returns)
-    print(f"mean_return: {mean:.2f} ± {std:.2f} over {len(returns)} episodes")
+        args.run_dir, episodes=args.episodes, seed=args.seed, deterministic=not args.sample,
+        progress=progress,
+    )  # fmt: skip
+    print(_summary(returns))
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``recurrl`` command; returns the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return _train(args) if args.command == "train" else _eval(args)
-    except (ValueError, FileNotFoundError) as err:
-        # configuration mistakes: usage + message, exit status 2 (argparse's convention)
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; an unknown option is reported with its subcommand's usage (argparse
+    itself reports it with the top-level usage, which does not list the option)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
         sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
-        sub.error(str(err))
-    return 2  # pragma: no cover (error() exits)
+        sub.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``recurrl`` command; returns the exit status.
+
+    0: done. 2: a usage error (argparse's, or a :class:`~recurrl.trainers.errors.UsageError`:
+    one line on stderr). 130 / 143: stopped by SIGINT / SIGTERM. Any other exception is an
+    internal error and propagates (traceback, status 1).
+    """
+    parser = build_parser()
+    args = _parse(parser, argv)
+    signals = _Signals()
+    try:
+        with signals.installed():
+            return _train(args, signals) if args.command == "train" else _eval(args)
+    except UsageError as err:
+        print(f"recurrl {args.command}: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as err:
+        print(f"recurrl {args.command}: interrupted", file=sys.stderr)
+        return 128 + getattr(err, "signum", signal.SIGINT)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import inspect
 import itertools
+import math
 import textwrap
 import types
 import typing
@@ -20,6 +21,7 @@ from typing import Any, Literal
 
 __all__ = [
     "MASKED_ENVS",
+    "RESUMABLE",
     "DQNConfig",
     "EnvConfig",
     "ModelConfig",
@@ -27,6 +29,7 @@ __all__ = [
     "RunConfig",
     "TrainConfig",
     "field_docs",
+    "resume_conflicts",
 ]
 
 #: built-in partially observed envs: name -> (gymnasium id, observation entries kept)
@@ -68,6 +71,23 @@ def _positive(cls: str, **values: Any) -> None:
             raise ValueError(f"{cls}: {name} must be an int >= 1, received {value!r}.")
 
 
+def _finite(obj: Any) -> None:
+    """Reject NaN and infinities in every float field of the dataclass ``obj``.
+
+    NaN compares False with every bound, so the range checks below would let it through
+    (``--lr nan`` trained on NaN weights); one check here covers every float option.
+    """
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            default = f.default if f.default is not dataclasses.MISSING else None
+            flag = "--" + f.name.replace("_", "-")
+            raise ValueError(
+                f"{type(obj).__name__}: {f.name} must be a finite number, received {value}. "
+                f"Fix: {flag} {default}."
+            )
+
+
 def _check_frames(cls: str, frames: int, frames_per_batch: int) -> None:
     if frames % frames_per_batch:
         fixed = max(1, round(frames / frames_per_batch)) * frames_per_batch
@@ -91,6 +111,7 @@ class EnvConfig:
     """Episode length limit (truncation); None keeps the env's own limit."""
 
     def __post_init__(self) -> None:
+        _finite(self)
         _positive("EnvConfig", num_envs=self.num_envs)
         if self.max_episode_steps is not None:
             _positive("EnvConfig", max_episode_steps=self.max_episode_steps)
@@ -137,6 +158,7 @@ class ModelConfig:
     """Actor and critic share one trunk (else each has its own)."""
 
     def __post_init__(self) -> None:
+        _finite(self)
         if self.memory not in ("lstm", "gru", "none"):
             raise ValueError(
                 f"ModelConfig: memory must be 'lstm', 'gru' or 'none', received {self.memory!r}."
@@ -198,6 +220,7 @@ class PPOConfig:
     """Clip the global gradient norm to this value (0 disables)."""
 
     def __post_init__(self) -> None:
+        _finite(self)
         _positive(
             "PPOConfig",
             frames=self.frames,
@@ -299,6 +322,7 @@ class DQNConfig:
     """Clip the global gradient norm to this value (0 disables)."""
 
     def __post_init__(self) -> None:
+        _finite(self)
         _positive(
             "DQNConfig", frames=self.frames, frames_per_batch=self.frames_per_batch,
             buffer_size=self.buffer_size, updates_per_batch=self.updates_per_batch,
@@ -361,6 +385,9 @@ class RunConfig:
     """Also log to TensorBoard in run_dir (when tensorboard is installed)."""
     plot: bool = True
     """Save run_dir/learning_curve.png at the end (when matplotlib is installed)."""
+    eval_episodes: int = 10
+    """Greedy episodes evaluated (and printed) when the run reaches its frames; 0 skips the
+    evaluation (`recurrl eval` runs it later)."""
     quiet: bool = False
     """Do not print a progress line per batch."""
     save_simulator: bool = False
@@ -371,9 +398,11 @@ class RunConfig:
     can run code."""
 
     def __post_init__(self) -> None:
+        _finite(self)
         _positive("RunConfig", checkpoint_every=self.checkpoint_every)
-        if self.num_threads < 0:
-            raise ValueError(f"RunConfig: num_threads must be >= 0, received {self.num_threads}.")
+        for name in ("num_threads", "eval_episodes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"RunConfig: {name} must be >= 0, received {getattr(self, name)}.")
         import torch
 
         try:
@@ -400,6 +429,7 @@ class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
+        _finite(self)
         if self.algo not in ALGOS:
             raise ValueError(f"TrainConfig: unknown algo {self.algo!r}; available: {ALGOS}.")
         n, fpb = self.env.num_envs, getattr(self, self.algo).frames_per_batch
@@ -541,6 +571,52 @@ def _check_entries(cls: type, data: Any, where: str) -> None:
                 f"TrainConfig: {where}{key} must be {_type_name(hints[key])}, received "
                 f"{value!r} ({type(value).__name__}). Fix: correct that entry."
             )
+
+
+#: Fields (``"section.name"``) that ``recurrl train --resume`` may change. Everything else
+#: shapes the stored state (sizes, algorithm, env, seed) or is part of what the run is
+#: (its hyperparameters, which config.json records for the whole run), so it must stay as
+#: the run was started. ``frames`` may grow (the schedules stretch to the new length);
+#: the rest only changes how the run is executed, watched or saved. ``run.run_dir`` is
+#: where the run lies now (a moved directory resumes in its new place).
+RESUMABLE: frozenset[str] = frozenset({
+    "ppo.frames", "dqn.frames", "run.run_dir", "run.device", "run.checkpoint_every",
+    "run.num_threads", "run.tensorboard", "run.plot", "run.eval_episodes", "run.quiet",
+    "run.save_simulator",
+})  # fmt: skip
+
+
+def resume_conflicts(saved: dict[str, Any], given: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """The fields outside :data:`RESUMABLE` where ``given`` differs from ``saved``.
+
+    Both are :meth:`TrainConfig.to_dict` data (``given``: the saved data with the options of
+    the command line applied, not yet validated). Returns ``(name, saved value, given
+    value)`` per field, ``name`` as ``"algo"`` or ``"section.field"``.
+
+    Examples:
+        >>> saved = TrainConfig().to_dict()
+        >>> given = TrainConfig(
+        ...     model=ModelConfig(hidden_size=32), ppo=PPOConfig(frames=60_000)
+        ... ).to_dict()
+        >>> resume_conflicts(saved, given)
+        [('model.hidden_size', 64, 32)]
+    """
+    old, new = _flat(saved), _flat(given)
+    return [
+        (name, old.get(name), new.get(name))
+        for name in [*new, *(n for n in old if n not in new)]
+        if name not in RESUMABLE and old.get(name) != new.get(name)
+    ]
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 #: the nested sections of :class:`TrainConfig` and their classes

@@ -162,10 +162,17 @@ class DQNTrainer:
         trust_checkpoint: with ``resume``, also restore the simulators stored in the
             checkpoint (a pickle: only for a checkpoint you wrote or trust); see
             :func:`recurrl.trainers.checkpoint.restore`.
+        state: with ``resume``, the checkpoint already read by :func:`checkpoint.load
+            <recurrl.trainers.checkpoint.load>` (else it is read from ``run_dir``).
     """
 
     def __init__(
-        self, cfg: TrainConfig, *, resume: bool = False, trust_checkpoint: bool = False
+        self,
+        cfg: TrainConfig,
+        *,
+        resume: bool = False,
+        trust_checkpoint: bool = False,
+        state: dict[str, Any] | None = None,
     ) -> None:
         self.cfg = cfg
         d = cfg.dqn
@@ -207,7 +214,8 @@ class DQNTrainer:
         self.batches = 0
         self.normalized = False  # obs_norm fitted (its buffers are in the checkpoint)
         if resume:
-            ckpt.restore(ckpt.load(self.run_dir), self, trust=trust_checkpoint)
+            state = ckpt.load(self.run_dir) if state is None else state
+            ckpt.restore(state, self, trust=trust_checkpoint)
         self.logger = MetricsLogger(
             self.run_dir, tensorboard=cfg.run.tensorboard, truncate_after=self.collector.frames
         )
@@ -288,8 +296,12 @@ class DQNTrainer:
         }
 
     # ------------------------------------------------------------------ loop
-    def train(self, *, stop_after: int | None = None) -> Path:
+    def train(self, *, stop_after: int | None = None, stop: Any = None) -> Path:
         """Run until ``cfg.dqn.frames`` (or ``stop_after`` frames, a simulated interruption).
+
+        Args:
+            stop: as in :meth:`PPOTrainer.train <recurrl.trainers.PPOTrainer.train>`: once
+                ``stop.is_set()`` after a batch, save a checkpoint and return.
 
         Returns the run directory.
         """
@@ -313,8 +325,12 @@ class DQNTrainer:
                     f"epsilon {eps:.3f} | loss {row['loss']:.4f}",
                     flush=True,
                 )
-            if frames // every > (frames - d.frames_per_batch) // every or frames >= limit:
+            stopping = stop is not None and stop.is_set()
+            due = frames // every > (frames - d.frames_per_batch) // every
+            if due or frames >= limit or stopping:
                 ckpt.save(self.run_dir, self)
+            if stopping:
+                break
         self.logger.close()
         self.collector.shutdown()
         if cfg.run.plot and self.collector.frames >= d.frames:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -11,10 +12,10 @@ from recurrl.collectors import Collector
 from recurrl.trainers import checkpoint as ckpt
 from recurrl.trainers.config import TrainConfig
 from recurrl.trainers.dqn import QNetwork
-from recurrl.trainers.errors import CheckpointError
+from recurrl.trainers.errors import CheckpointError, UsageError
 from recurrl.trainers.models import ActorCritic, make_env
 
-__all__ = ["CONFIG", "evaluate", "load_config"]
+__all__ = ["CONFIG", "evaluate", "load_config", "require_checkpoint"]
 
 CONFIG = "config.json"
 STEPS_PER_BATCH = 100
@@ -30,9 +31,10 @@ def load_config(run_dir: Path | str) -> TrainConfig:
     """
     path = Path(run_dir) / CONFIG
     if not path.is_file():
+        what = "does not exist" if not Path(run_dir).exists() else f"holds no {CONFIG}"
         raise CheckpointError(
-            f"no {CONFIG} in {run_dir}. Fix: pass the run directory that `recurrl train` "
-            f"printed on its last line."
+            f"expected a run directory, but {run_dir} {what}. Fix: pass the run directory "
+            f"that `recurrl train` printed on its last line."
         )
     fix = "Fix: correct the file, or copy it from a backup of the run."
     try:
@@ -48,6 +50,18 @@ def load_config(run_dir: Path | str) -> TrainConfig:
         raise CheckpointError(f"{path}: {message}") from err
 
 
+def require_checkpoint(run_dir: Path | str) -> Path:
+    """``run_dir/checkpoint.pt``; a :class:`CheckpointError` saying why when it is missing."""
+    path = Path(run_dir) / ckpt.CHECKPOINT
+    if not path.is_file():
+        raise CheckpointError(
+            f"expected {path}, written by `recurrl train` at its first checkpoint, but it does "
+            f"not exist (the run stopped before it). Fix: start the run again, or pass the "
+            f"directory of a run that saved a checkpoint."
+        )
+    return path
+
+
 def evaluate(
     run_dir: Path | str,
     *,
@@ -55,6 +69,7 @@ def evaluate(
     seed: int | None = None,
     deterministic: bool = True,
     max_steps: int = 100_000,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[float]:
     """Run ``episodes`` episodes (one per env, in parallel) and return their returns.
 
@@ -65,10 +80,14 @@ def evaluate(
         deterministic: act with the most likely action (else sample; DQN: epsilon-greedy
             at the run's final epsilon).
         max_steps: give up when an episode is longer than this.
+        progress: called as ``progress(done, episodes)`` whenever more episodes have ended.
     """
     if episodes < 1:
-        raise ValueError(f"evaluate: episodes must be >= 1, received {episodes}.")
+        raise UsageError(
+            f"evaluate: episodes must be >= 1, received {episodes}. Fix: --episodes 10."
+        )
     cfg = load_config(run_dir)
+    require_checkpoint(run_dir)
     state = ckpt.load(run_dir)
     seed = cfg.run.seed + 1 if seed is None else seed
     torch.manual_seed(seed)
@@ -94,9 +113,13 @@ def evaluate(
             batch = collector.rollout()
             done = batch["next", "done"].squeeze(-1)
             ret = batch["next", "episode_reward"].squeeze(-1)
+            before = sum(r is not None for r in returns)
             for i in range(episodes):
                 if returns[i] is None and bool(done[i].any()):
                     returns[i] = float(ret[i][done[i]][0])
+            finished = sum(r is not None for r in returns)
+            if progress is not None and finished > before:
+                progress(finished, episodes)
     finally:
         collector.shutdown()
     return [float(r) for r in returns if r is not None]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +56,14 @@ class MetricsLogger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         keep = [r for r in read_metrics(run_dir) if int(r["frames"]) <= truncate_after]
         self.fields: list[str] | None = list(keep[0]) if keep else None
-        with self.path.open("w", newline="") as f:
+        # rewritten beside and swapped in: a run killed here keeps its rows (resume needs them)
+        tmp = self.path.with_suffix(".tmp")
+        with tmp.open("w", newline="") as f:
             if self.fields:
                 writer = csv.DictWriter(f, self.fields)
                 writer.writeheader()
                 writer.writerows(keep)
+        os.replace(tmp, self.path)
         self._tb = _summary_writer(run_dir) if tensorboard else None
 
     def log(self, row: dict[str, Any]) -> None:

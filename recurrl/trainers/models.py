@@ -21,6 +21,7 @@ from recurrl.envs import (
 )
 from recurrl.modules import MLP, GRUModule, LSTMModule
 from recurrl.trainers.config import EnvConfig, ModelConfig
+from recurrl.trainers.errors import UsageError
 
 __all__ = ["ActorCritic", "CategoricalSampler", "make_env"]
 
@@ -47,7 +48,7 @@ def make_env(cfg: EnvConfig, *, num_envs: int | None = None, seed: int | None = 
         transforms.append(OneHotObservation())
     elif obs is None or obs.ndim != 2 or not obs.dtype.is_floating_point:
         base.close()
-        raise ValueError(
+        raise UsageError(  # the env the user chose: reported as one line, not a traceback
             f"recurrl train: expected a flat float vector observation ([num_envs, F]) or a "
             f"discrete one, {cfg.env!r} gives {obs}. Fix: flatten it with a gymnasium wrapper "
             f"and register the wrapped env under a new id."

@@ -24,6 +24,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from tensordict import TensorDictBase
@@ -80,10 +81,17 @@ class PPOTrainer:
         trust_checkpoint: with ``resume``, also restore the simulators stored in the
             checkpoint (a pickle: only for a checkpoint you wrote or trust); see
             :func:`recurrl.trainers.checkpoint.restore`.
+        state: with ``resume``, the checkpoint already read by :func:`checkpoint.load
+            <recurrl.trainers.checkpoint.load>` (else it is read from ``run_dir``).
     """
 
     def __init__(
-        self, cfg: TrainConfig, *, resume: bool = False, trust_checkpoint: bool = False
+        self,
+        cfg: TrainConfig,
+        *,
+        resume: bool = False,
+        trust_checkpoint: bool = False,
+        state: dict[str, Any] | None = None,
     ) -> None:
         self.cfg = cfg
         self.run_dir = Path(cfg.run.run_dir or ".")
@@ -111,7 +119,8 @@ class PPOTrainer:
         self.recent: deque[float] = deque(maxlen=RECENT_EPISODES)
         self.batches = 0
         if resume:
-            ckpt.restore(ckpt.load(self.run_dir), self, trust=trust_checkpoint)
+            state = ckpt.load(self.run_dir) if state is None else state
+            ckpt.restore(state, self, trust=trust_checkpoint)
         self.logger = MetricsLogger(
             self.run_dir, tensorboard=cfg.run.tensorboard, truncate_after=self.collector.frames
         )
@@ -156,8 +165,13 @@ class PPOTrainer:
         return {k: v / count for k, v in sums.items()}
 
     # ------------------------------------------------------------------ loop
-    def train(self, *, stop_after: int | None = None) -> Path:
+    def train(self, *, stop_after: int | None = None, stop: Any = None) -> Path:
         """Run until ``cfg.ppo.frames`` (or ``stop_after`` frames, a simulated interruption).
+
+        Args:
+            stop: an object with ``is_set()`` (a :class:`threading.Event`), asked after every
+                batch: once set, the run saves a checkpoint and returns (a clean stop on
+                Ctrl-C; the checkpoint lies on a batch boundary, so resuming is exact).
 
         Returns the run directory.
         """
@@ -197,8 +211,12 @@ class PPOTrainer:
                     f"entropy {stats['entropy']:.3f} | kl {stats['kl_approx']:.4f}",
                     flush=True,
                 )
-            if frames // every > (frames - cfg.ppo.frames_per_batch) // every or frames >= limit:
+            stopping = stop is not None and stop.is_set()
+            due = frames // every > (frames - cfg.ppo.frames_per_batch) // every
+            if due or frames >= limit or stopping:
                 ckpt.save(self.run_dir, self)
+            if stopping:
+                break
         self.logger.close()
         self.collector.shutdown()
         if cfg.run.plot and self.collector.frames >= cfg.ppo.frames:

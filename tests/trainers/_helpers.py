@@ -28,16 +28,31 @@ def metric_numbers(run_dir) -> list[dict[str, str]]:
     return [{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(run_dir)]
 
 
-def check_resume_replays(capsys, tmp_path, argv: list[str], trainer_cls, stop_after: int) -> None:
+class StopAfterBatches:
+    """A stop request (``is_set()``, as a :class:`threading.Event`) that comes during the
+    ``n``-th batch, as a Ctrl-C would."""
+
+    def __init__(self, n: int) -> None:
+        self.asked, self.n = 0, n
+
+    def is_set(self) -> bool:
+        self.asked += 1
+        return self.asked >= self.n
+
+
+def check_resume_replays(
+    capsys, tmp_path, argv: list[str], trainer_cls, stop_after: int | None = None,
+    stop: StopAfterBatches | None = None,
+) -> None:  # fmt: skip
     """Train ``argv`` uninterrupted, and again stopped after the checkpoint at ``stop_after``
-    frames then ``recurrl train --resume --trust-checkpoint`` (the simulators saved with
-    ``--save-simulator``): both runs must log the same numbers."""
+    frames (or by ``stop``) then ``recurrl train --resume --trust-checkpoint`` (the
+    simulators saved with ``--save-simulator``): both runs must log the same numbers."""
     argv = [*argv, "--save-simulator"]
     run_cli(capsys, "train", *argv, "--run-dir", str(tmp_path / "full"))
     cfg = parse_train(*argv, "--run-dir", str(tmp_path / "cut"))
     (tmp_path / "cut").mkdir()
     (tmp_path / "cut" / "config.json").write_text(json.dumps(cfg.to_dict()))
-    trainer_cls(cfg).train(stop_after=stop_after)
+    trainer_cls(cfg).train(stop_after=stop_after, stop=stop)
     assert len(read_metrics(tmp_path / "cut")) == 2
     lines = run_cli(capsys, "train", "--resume", str(tmp_path / "cut"), "--trust-checkpoint")
     assert lines[-1] == str(tmp_path / "cut")

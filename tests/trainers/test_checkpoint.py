@@ -133,9 +133,7 @@ def test_the_command_refuses_a_planted_checkpoint(run, tmp_path, capsys, command
     marker = tmp_path / "marker"
     (run / ckpt.CHECKPOINT).write_bytes(_framed(_torch_bytes({"model": Planted(marker)})))
     argv = ["eval", str(run)] if command == "eval" else ["train", "--resume", str(run)]
-    with pytest.raises(SystemExit) as info:
-        main([*argv, "--trust-checkpoint"] if command == "resume" else argv)
-    assert info.value.code == 2
+    assert main([*argv, "--trust-checkpoint"] if command == "resume" else argv) == 2
     err = capsys.readouterr().err
     assert f"{run / ckpt.CHECKPOINT}: it holds objects other than tensors" in err
     assert "Traceback" not in err
@@ -195,9 +193,7 @@ def test_a_resume_without_simulators_starts_new_episodes_and_says_so(tmp_path, c
 
 
 def test_trust_checkpoint_needs_resume(capsys):
-    with pytest.raises(SystemExit) as info:
-        main(["train", *TINY, "--trust-checkpoint"])
-    assert info.value.code == 2
+    assert main(["train", *TINY, "--trust-checkpoint"]) == 2
     assert "--trust-checkpoint applies to a resumed run" in capsys.readouterr().err
 
 
@@ -240,9 +236,7 @@ def test_a_damaged_checkpoint_is_named(run, how, message):
 def test_eval_reports_a_damaged_checkpoint_in_one_line(run, capsys):
     path = run / ckpt.CHECKPOINT
     path.write_bytes(_damage(path.read_bytes(), "bitflip"))
-    with pytest.raises(SystemExit) as info:
-        main(["eval", str(run)])
-    assert info.value.code == 2
+    assert main(["eval", str(run)]) == 2
     err = capsys.readouterr().err
     assert f"{path}: the SHA-256 digest" in err and "Traceback" not in err
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
 from recurrl.trainers.config import (
+    RESUMABLE,
     SECTIONS,
     EnvConfig,
     ModelConfig,
@@ -14,6 +16,7 @@ from recurrl.trainers.config import (
     RunConfig,
     TrainConfig,
     field_docs,
+    resume_conflicts,
 )
 
 
@@ -74,6 +77,7 @@ def test_discrete_algo_rejects_continuous_actions():
         (lambda: PPOConfig(entropy_coef_end=-1.0), "entropy_coef_end must be a number >= 0"),
         (lambda: PPOConfig(clip_epsilon_end=0.0), "clip_epsilon_end must be a number > 0"),
         (lambda: RunConfig(device="gpu0"), "invalid device"),
+        (lambda: RunConfig(eval_episodes=-1), "eval_episodes must be >= 0"),
         (lambda: TrainConfig(algo="sac"), "unknown algo"),
     ],
 )
@@ -89,3 +93,40 @@ def test_dict_round_trip():
     assert TrainConfig.from_dict(data) == cfg
     with pytest.raises(ValueError, match="unknown entry"):
         TrainConfig.from_dict({**data, "extra": 1})
+
+
+FLOAT_FIELDS = [
+    (cls, f.name)
+    for cls in SECTIONS.values()
+    for f in dataclasses.fields(cls)
+    if isinstance(f.default, float) or "float" in str(f.type)
+]
+
+
+@pytest.mark.parametrize(("cls", "name"), FLOAT_FIELDS, ids=lambda x: getattr(x, "__name__", x))
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_every_float_field_rejects_nan_and_inf(cls, name, value):
+    # NaN slips through every range check (all its comparisons are False)
+    with pytest.raises(ValueError, match=rf"{name} must be a finite number.*Fix: --"):
+        cls(**{name: value})
+
+
+def test_float_fields_are_found():
+    assert {("PPOConfig", "lr"), ("DQNConfig", "tau"), ("PPOConfig", "clip_epsilon_end")} <= {
+        (cls.__name__, name) for cls, name in FLOAT_FIELDS
+    }
+
+
+def test_resumable_fields_exist_and_conflicts_name_the_others():
+    names = {f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+    assert names >= RESUMABLE
+    saved = TrainConfig().to_dict()
+    given = TrainConfig(
+        model=ModelConfig(hidden_size=16), ppo=PPOConfig(frames=60_000, lr=1e-3),
+        run=RunConfig(quiet=True, run_dir="moved", eval_episodes=0),
+    ).to_dict()  # fmt: skip
+    assert resume_conflicts(saved, given) == [
+        ("model.hidden_size", 64, 16),
+        ("ppo.lr", 5e-3, 1e-3),
+    ]
+    assert resume_conflicts(saved, {**saved, "algo": "dqn"}) == [("algo", "ppo", "dqn")]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import gymnasium
+import numpy as np
 import pytest
 import torch
 
 from recurrl.envs import gym as gym_module
 from recurrl.envs.transforms import OneHotObservation, find_transform
+from recurrl.trainers.cli import main
 from recurrl.trainers.config import EnvConfig
 from recurrl.trainers.logger import read_metrics
 from recurrl.trainers.models import make_env
@@ -37,16 +40,38 @@ def test_train_on_a_discrete_observation_env(tmp_path, capsys):
     assert [int(r["frames"]) for r in read_metrics(run_dir)] == [128, 256]
 
 
+class _ImageEnv(gymnasium.Env):
+    """Discrete actions, a [3, 3] observation: not a flat vector."""
+
+    observation_space = gymnasium.spaces.Box(0.0, 1.0, (3, 3), dtype=np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros((3, 3), np.float32), {}
+
+    def step(self, action):
+        return np.zeros((3, 3), np.float32), 1.0, True, False, {}
+
+
+def test_an_observation_that_is_not_a_flat_vector_is_a_usage_error(tmp_path, capsys):
+    gymnasium.register("RecurrlTestImage-v0", entry_point=_ImageEnv)
+    try:
+        assert main(["train", *TINY, "--env", "RecurrlTestImage-v0", "--run-dir",
+                     str(tmp_path / "run")]) == 2  # fmt: skip
+    finally:
+        del gymnasium.registry["RecurrlTestImage-v0"]
+    err = capsys.readouterr().err.strip()
+    assert "expected a flat float vector observation" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "run").exists()  # the failed start left nothing behind
+
+
 def test_missing_env_package_is_a_config_error(monkeypatch, capsys):
     packages = {**gym_module.ENV_ID_PACKAGES, "nopkg-": ("recurrl_no_such_pkg", "recurrl[nopkg]")}
     monkeypatch.setattr(gym_module, "ENV_ID_PACKAGES", packages)
     with pytest.raises(ValueError, match=r'pip install "recurrl\[nopkg\]"'):
         EnvConfig(env="nopkg-Task-v0")
-    from recurrl.trainers.cli import main
-
-    with pytest.raises(SystemExit) as info:
-        main(["train", "--env", "nopkg-Task-v0"])
-    assert info.value.code == 2
+    assert main(["train", "--env", "nopkg-Task-v0"]) == 2
     assert 'pip install "recurrl[nopkg]"' in capsys.readouterr().err
 
 

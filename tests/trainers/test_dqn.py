@@ -16,14 +16,20 @@ from recurrl.trainers.config import field_docs
 from recurrl.trainers.dqn import EpsilonGreedy, QNetwork, epsilon_at
 from recurrl.trainers.logger import read_metrics
 
-from ._helpers import check_resume_replays, metric_numbers, parse_train, run_cli
+from ._helpers import (
+    StopAfterBatches,
+    check_resume_replays,
+    metric_numbers,
+    parse_train,
+    run_cli,
+)
 
 # 2 envs x 32 steps per batch, 4 batches, updates from the second batch: about a second
 TINY = [
     "--algo", "dqn", "--num-envs", "2", "--frames", "256", "--frames-per-batch", "64",
     "--learning-starts", "128", "--updates-per-batch", "2", "--num-slices", "4",
     "--burn-in", "4", "--train-len", "8", "--hidden-size", "8", "--quiet", "--no-plot",
-    "--no-tensorboard",
+    "--no-tensorboard", "--eval-episodes", "0",
 ]  # fmt: skip
 
 
@@ -159,5 +165,11 @@ def test_resume_replays_the_uninterrupted_run(tmp_path, capsys, extra):
     argv = [*TINY, "--checkpoint-every", "128", *extra]
     # the checkpoint at 128 frames holds the replay buffer too
     check_resume_replays(capsys, tmp_path, argv, DQNTrainer, stop_after=128)
-    with pytest.raises(SystemExit):  # a DQN run cannot be resumed as PPO
-        main(["train", "--resume", str(tmp_path / "cut"), "--algo", "ppo"])
+    # a DQN run cannot be resumed as PPO
+    assert main(["train", "--resume", str(tmp_path / "cut"), "--algo", "ppo"]) == 2
+    assert "the run has --algo dqn, received --algo ppo" in capsys.readouterr().err
+
+
+def test_a_stop_request_saves_the_batch_and_resume_replays_the_uninterrupted_run(tmp_path, capsys):
+    argv = [*TINY, "--checkpoint-every", "100000"]  # the only checkpoint: the stop's, at 128
+    check_resume_replays(capsys, tmp_path, argv, DQNTrainer, stop=StopAfterBatches(2))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+
 import pytest
 
 from recurrl.trainers.logger import MetricsLogger, plot_seed_bands, read_metrics, seed_band
@@ -37,3 +39,19 @@ def test_plot_seed_bands_writes_one_png(tmp_path):
     )
     assert path == tmp_path / "fig" / "curve.png"
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_resume_cuts_the_rows_back_atomically(tmp_path, monkeypatch):
+    _run(tmp_path, [1.0, 2.0, 3.0])
+    before = (tmp_path / "metrics.csv").read_bytes()
+
+    def killed(self, rows):
+        raise KeyboardInterrupt  # the process stops while the kept rows are rewritten
+
+    with monkeypatch.context() as m:
+        m.setattr(csv.DictWriter, "writerows", killed)
+        with pytest.raises(KeyboardInterrupt):
+            MetricsLogger(tmp_path, tensorboard=False, truncate_after=200)
+    assert (tmp_path / "metrics.csv").read_bytes() == before
+    MetricsLogger(tmp_path, tensorboard=False, truncate_after=200).close()
+    assert [r["frames"] for r in read_metrics(tmp_path)] == ["100", "200"]
