@@ -39,7 +39,7 @@ from recurrl.functional.recurrent.pad_flush import (
 from recurrl.functional.recurrent.pad_frozen import frozen_plan, frozen_unroll
 from recurrl.functional.sequences import host_starts, pieces_from_starts
 
-__all__ = ["fused_runner", "pad_unroll"]
+__all__ = ["all_finite", "fused_runner", "pad_unroll"]
 
 #: ``run(x [n, w, F], hx (each [L, n, S])) -> (y [n, w, O], hx_out)``
 Runner = Callable[[Tensor, tuple[Tensor, ...]], tuple[Tensor, tuple[Tensor, ...]]]
@@ -103,9 +103,14 @@ def pad_unroll(
             restarts = seg_start[seg_start % steps != 0]
             if flush_applies(states, is_init, restarts=torch.from_numpy(restarts).to(x.device)):
                 plan = flush_plan(is_init, starts=starts)
-                return flush_unroll(
+                y, new_states = flush_unroll(
                     cfg, fused_weights, x, states, is_init, training=training, plan=plan
                 )
+                if all_finite(y, new_states):
+                    return y, new_states
+                # A flush resets by multiplying the state by gates of exactly zero, and
+                # 0 * NaN = NaN: a non-finite value would cross the restart. The frozen
+                # windows select every piece's start state instead (see all_finite).
         return frozen_unroll(cfg, fused_weights, x, states, pieces, training=training, plan=windows)
     lengths = pieces.lengths
     total = n * steps
@@ -143,6 +148,29 @@ def pad_unroll(
         flat = torch.zeros(total, *s.shape[2:], dtype=final.dtype, device=device)
         new_states.append(flat.index_copy(0, end_pos, final).reshape(s.shape))
     return y.reshape(n, steps, -1), tuple(new_states)
+
+
+def all_finite(y: Tensor, states: Sequence[Tensor]) -> bool:
+    """Whether ``y`` and ``states`` hold only finite numbers (one device synchronisation).
+
+    Used on the flush layout's results: a non-finite value anywhere before a flush step makes
+    the next trajectory's outputs NaN (the flush computes ``0 * NaN``), so finite outputs and
+    end states show that nothing crossed a restart. A sum is one pass with no temporary of
+    the tensors' size; a finite sum that overflows only makes ``pad`` take the frozen layout
+    for that call, which gives the same numbers to float tolerance.
+
+    Examples:
+        >>> import torch
+        >>> all_finite(torch.ones(2, 3), (torch.zeros(2),))
+        True
+        >>> all_finite(torch.ones(2, 3), (torch.tensor([0.0, float("nan")]),))
+        False
+    """
+    with torch.no_grad():
+        total = y.sum(dtype=torch.float64)
+        for s in states:
+            total = total + s.sum(dtype=torch.float64)
+        return bool(total.isfinite())
 
 
 def _last_step(s: Tensor) -> Tensor:
