@@ -145,8 +145,9 @@ def _check(case: Case, run, run_finite=None) -> None:
         assert torch.equal(s[~ends], torch.zeros_like(s[~ends]))
     # bit for bit the numbers of the same call with the poison replaced by finite values
     x_fin, states_fin = _sanitized(case)
-    y_fin, nxt_fin = (run_finite or run)(x_fin.requires_grad_(True),
-                                         tuple(s.requires_grad_(True) for s in states_fin))
+    y_fin, nxt_fin = (run_finite or run)(
+        x_fin.requires_grad_(True), tuple(s.requires_grad_(True) for s in states_fin)
+    )
     assert torch.equal(y[clean_steps], y_fin[clean_steps])
     for s, s_fin in zip(nxt, nxt_fin, strict=True):
         assert torch.equal(s[clean_steps & ends], s_fin[clean_steps & ends])
@@ -262,7 +263,7 @@ def test_pad_windows_layout_of_python_based_networks(mode, projection, monkeypat
             y, out = net(x, hx if mode == "lstm" else hx[0])
             return y, (tuple(out) if mode == "lstm" else (out,))
 
-        def run(x, states, net=net, runner=runner, p=p):
+        def run(x, states, net=net, runner=runner, p=p, cfg=cfg):
             return recurrent_unroll(cfg, net.flat_weights, x, states, p.is_init, backend="pad",
                                     python_based=True, runner=runner)  # fmt: skip
 
