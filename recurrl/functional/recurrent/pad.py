@@ -106,7 +106,7 @@ def pad_unroll(
                 y, new_states = flush_unroll(
                     cfg, fused_weights, x, states, is_init, training=training, plan=plan
                 )
-                if all_finite(y, new_states):
+                if all_finite(y):
                     return y, new_states
                 # A flush resets by multiplying the state by gates of exactly zero, and
                 # 0 * NaN = NaN: a non-finite value would cross the restart. The frozen
@@ -150,27 +150,25 @@ def pad_unroll(
     return y.reshape(n, steps, -1), tuple(new_states)
 
 
-def all_finite(y: Tensor, states: Sequence[Tensor]) -> bool:
-    """Whether ``y`` and ``states`` hold only finite numbers (one device synchronisation).
+def all_finite(y: Tensor) -> bool:
+    """Whether the flush layout's output ``y`` holds only finite numbers (one host sync).
 
-    Used on the flush layout's results: a non-finite value anywhere before a flush step makes
-    the next trajectory's outputs NaN (the flush computes ``0 * NaN``), so finite outputs and
-    end states show that nothing crossed a restart. A sum is one pass with no temporary of
-    the tensors' size; a finite sum that overflows only makes ``pad`` take the frozen layout
-    for that call, which gives the same numbers to float tolerance.
+    A non-finite value anywhere before a flush step (input, stored state, ``h`` or ``c`` of
+    any layer) makes the flush step's state ``0 * NaN``, hence every output of the next
+    trajectory NaN in that layer and every layer above (a NaN survives matmuls and dropout):
+    a finite ``y`` shows that nothing crossed a restart. One sum, about 0.1% of a forward and
+    backward (``docs/implementation_details.md``); a finite sum that overflows would only
+    send the call to the frozen layout, which gives the same numbers to float tolerance.
 
     Examples:
         >>> import torch
-        >>> all_finite(torch.ones(2, 3), (torch.zeros(2),))
+        >>> all_finite(torch.ones(2, 3))
         True
-        >>> all_finite(torch.ones(2, 3), (torch.tensor([0.0, float("nan")]),))
+        >>> all_finite(torch.tensor([0.0, float("nan")]))
         False
     """
     with torch.no_grad():
-        total = y.sum(dtype=torch.float64)
-        for s in states:
-            total = total + s.sum(dtype=torch.float64)
-        return bool(total.isfinite())
+        return bool(y.sum().isfinite())
 
 
 def _last_step(s: Tensor) -> Tensor:
