@@ -291,11 +291,10 @@ def test_scan_recompute_and_python_based(mode, projection):
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
-@pytest.mark.parametrize("zero_restarts", [True, False])
-def test_triton_on_the_interpreter(mode, zero_restarts, monkeypatch):
+def test_triton_on_the_interpreter(mode, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # see test_triton.py
-    for seed in SEEDS[:3]:
-        case = _draw(seed + 50, mode, zero_restarts=zero_restarts)
+    for seed in SEEDS[:2]:  # the interpreter runs every kernel instruction in numpy: few cases
+        case = _draw(seed + 50, mode, zero_restarts=seed % 2 == 0)
         _check(case, _backend(case, "triton"))
 
 
