@@ -12,6 +12,11 @@ Flags, all boolean and shaped like ``reward``:
 
 The last step ``T - 1`` is always treated as done for the recursion (the data ends there), so
 it bootstraps with ``next_state_value[T - 1]`` unless terminated.
+
+The flags *select*: a terminal step never reads ``next_state_value`` and a done step never
+reads the step after it, so a NaN or Inf there (a terminal observation a critic cannot
+value, the next trajectory of the same row) stays out of the result. A 0/1 factor would
+not do: ``0 * NaN = NaN``. With finite inputs the numbers are those of the factor form.
 """
 
 from __future__ import annotations
@@ -72,8 +77,9 @@ def td0_return_estimate(
         tensor([2., 1.])
     """
     _prepare(time_dim, reward, next_state_value=next_state_value, terminated=terminated)
-    not_term = (~terminated.bool()).to(reward.dtype)
-    return reward + gamma * not_term * next_state_value
+    term = terminated.bool()
+    not_term = (~term).to(reward.dtype)
+    return reward + (gamma * not_term * next_state_value).masked_fill(term, 0.0)
 
 
 def generalized_advantage_estimate(
@@ -119,11 +125,13 @@ def generalized_advantage_estimate(
                                  terminated=terminated)  # fmt: skip
     not_term = (~term).to(r.dtype)
     not_done = (~d).to(r.dtype)
-    delta = r + gamma * not_term * nv - v
+    delta = r + (gamma * not_term * nv).masked_fill(term, 0.0) - v
     adv = torch.empty_like(delta)
     carry = torch.zeros_like(delta[..., 0])
     for t in range(delta.shape[-1] - 1, -1, -1):
-        carry = delta[..., t] + gamma * lmbda * not_done[..., t] * carry
+        carry = delta[..., t] + (gamma * lmbda * not_done[..., t] * carry).masked_fill(
+            d[..., t], 0.0
+        )
         adv[..., t] = carry
     adv = adv.movedim(-1, time_dim)
     return adv, adv + state_value
@@ -170,8 +178,7 @@ def td_lambda_return_estimate(
     carry = nv[..., -1]  # G_T := V(s_T): the last step bootstraps
     for t in range(r.shape[-1] - 1, -1, -1):
         boot = nv[..., t]
-        carry = r[..., t] + gamma * not_term[..., t] * (
-            boot + lmbda * not_done[..., t] * (carry - boot)
-        )
+        later = boot + (lmbda * not_done[..., t] * (carry - boot)).masked_fill(d[..., t], 0.0)
+        carry = r[..., t] + (gamma * not_term[..., t] * later).masked_fill(term[..., t], 0.0)
         out[..., t] = carry
     return out.movedim(-1, time_dim)

@@ -38,6 +38,8 @@ __all__ = ["RecurrentModule"]
 
 IS_INIT_KEY = "is_init"
 _COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
+#: integer dtypes an ``is_init`` of 0/1 values may come in (cast to bool after a value check)
+_INTEGER_FLAGS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def _as_key(key: NestedKey) -> tuple[str, ...]:
@@ -332,6 +334,11 @@ class RecurrentModule(TensorDictModuleBase):
 
         Shapes: sequential mode ``x [*B, F]``, states ``[*B, num_layers, S]``, ``is_init
         [*B, 1]``; recurrent mode the same with a time dim ``T`` last among the batch dims.
+
+        Dtypes: ``x`` has the parameters' dtype (another one raises ``TypeError``: cast the
+        input or the module); ``is_init`` is bool, or 0/1 integers, which are cast (other
+        values raise ``ValueError``, a floating ``is_init`` raises ``TypeError``); stored
+        states of another floating dtype are cast to the input's.
         """
         if self.recurrent_mode:
             return self._forward_sequence(tensordict)
@@ -364,7 +371,8 @@ class RecurrentModule(TensorDictModuleBase):
 
         return run
 
-    def _read_input(self, td: TensorDictBase, batch: torch.Size) -> Tensor:
+    def _read_input(self, td: TensorDictBase, batch: torch.Size, dtype: torch.dtype) -> Tensor:
+        """The input ``[*batch, F]``, which must have the parameters' ``dtype``."""
         key = self.in_keys[0]
         x = td.get(key, None)
         if x is None:
@@ -377,6 +385,15 @@ class RecurrentModule(TensorDictModuleBase):
             raise ValueError(
                 f"{type(self).__name__}: input {_show(key)} must have shape "
                 f"[*B, {size}] with batch dims {list(batch)}, got {list(x.shape)}."
+            )
+        if x.dtype != dtype:
+            # Not cast: a float64 observation into a float32 network (or a float16 one) is
+            # usually a pipeline bug, and which precision the user wants is theirs to say.
+            raise TypeError(
+                f"{type(self).__name__}: input {_show(key)} has dtype {x.dtype}, but the "
+                f"module's parameters are {dtype}. Fix: cast the input to the parameters' "
+                f"dtype (x.to({dtype}), e.g. x.float()), or the module to the input's "
+                f"(module.to({x.dtype}))."
             )
         return x
 
@@ -393,10 +410,33 @@ class RecurrentModule(TensorDictModuleBase):
             is_init = is_init.squeeze(-1)
         if is_init.shape != batch:
             raise ValueError(
-                f"{type(self).__name__}: 'is_init' must have shape [*B, 1] with batch dims "
-                f"{list(batch)}, got {list(is_init.shape)}."
+                f"{type(self).__name__}: 'is_init' must have shape [*B, 1] (or [*B]) with "
+                f"batch dims {list(batch)}, i.e. {[*batch, 1]}; received "
+                f"{list(is_init.shape)}. Fix: one flag per step, as InitTracker writes it "
+                f"(env.append_transform(InitTracker()))."
             )
-        return is_init if is_init.dtype == torch.bool else is_init.bool()
+        return is_init if is_init.dtype == torch.bool else self._is_init_as_bool(is_init)
+
+    def _is_init_as_bool(self, is_init: Tensor) -> Tensor:
+        """A non-bool ``is_init``: 0/1 integers are cast (one host sync, off the usual path);
+        anything else raises, since no reading of it is certain to be the intended one."""
+        name = type(self).__name__
+        if is_init.dtype in _INTEGER_FLAGS:
+            if bool(((is_init == 0) | (is_init == 1)).all()):
+                return is_init.bool()
+            values = torch.unique(is_init).tolist()
+            raise ValueError(
+                f"{name}: 'is_init' of dtype {is_init.dtype} must hold only 0 and 1, received "
+                f"the values {values[:6]}{'...' if len(values) > 6 else ''}. Fix: pass a bool "
+                f"tensor, True at the first step of every episode (as InitTracker writes it)."
+            )
+        raise TypeError(
+            f"{name}: 'is_init' must be a bool tensor (or 0/1 integers), True at the first "
+            f"step of every episode; received dtype {is_init.dtype}. A floating flag is not "
+            f"cast: thresholding it, or multiplying a state by it, could silently give a wrong "
+            f"answer. Fix: pass is_init.bool() (or the comparison that defines it, e.g. "
+            f"is_init > 0.5); InitTracker writes bool."
+        )
 
     def _read_states(
         self, td: TensorDictBase, batch: torch.Size, like: Tensor, is_init: Tensor | None
@@ -442,9 +482,11 @@ class RecurrentModule(TensorDictModuleBase):
             self._step_shape_cache[batch] = shapes
         return shapes
 
-    def _read_step(self, td: TensorDictBase, batch: torch.Size) -> tuple[Tensor, ...]:
+    def _read_step(
+        self, td: TensorDictBase, batch: torch.Size, dtype: torch.dtype
+    ) -> tuple[Tensor, ...]:
         """Input ``[N, F]``, ``is_init`` ``[N]`` and states ``[N, L, S]`` of one step, with the
-        batch dims ``[*B]`` flattened to ``N``.
+        batch dims ``[*B]`` flattened to ``N``; ``dtype`` is the parameters'.
 
         The usual case (every key present, with the expected shape and dtype) is recognised
         with a few comparisons; anything else goes through the validating readers, which
@@ -458,6 +500,7 @@ class RecurrentModule(TensorDictModuleBase):
             x is not None
             and is_init is not None
             and x.shape == x_shape
+            and x.dtype == dtype
             and is_init.shape == init_shape
             and is_init.dtype == torch.bool
             and all(
@@ -466,7 +509,7 @@ class RecurrentModule(TensorDictModuleBase):
             )
         )
         if not usual:
-            x = self._read_input(td, batch)
+            x = self._read_input(td, batch, dtype)
             is_init = self._read_is_init(td, batch)
             states = self._read_states(td, batch, x, is_init)
         if len(batch) != 1:  # the collector's [N] batches need no reshaping
@@ -476,7 +519,8 @@ class RecurrentModule(TensorDictModuleBase):
 
     def _forward_step(self, td: TensorDictBase) -> TensorDictBase:
         batch = td.batch_size
-        x, is_init, *states = self._read_step(td, batch)
+        weights = self._flat_weights()
+        x, is_init, *states = self._read_step(td, batch, weights[0].dtype)
         # Skipping the reset when nothing restarts is free on CPU; elsewhere it would cost a
         # device synchronisation per step, so the masking always runs there.
         if not is_init.is_cpu or bool(is_init.any()):
@@ -484,7 +528,7 @@ class RecurrentModule(TensorDictModuleBase):
             states = [s.masked_fill(reset, 0) for s in states]
         y, new_states = recurrent_step(
             self._current_config(),
-            self._flat_weights(),
+            weights,
             x,
             tuple(states),
             training=self.training,
@@ -504,14 +548,15 @@ class RecurrentModule(TensorDictModuleBase):
                 f"batch dim), got a TensorDict with batch_size []. Give it [T] or [*B, T] "
                 f"data, or run it outside set_recurrent_mode(True) for a single step."
             )
-        x = self._read_input(td, batch)
+        weights = self._flat_weights()
+        x = self._read_input(td, batch, weights[0].dtype)
         is_init = self._read_is_init(td, batch)
         states = self._read_states(td, batch, x, None)
         steps = batch[-1]
         n = batch.numel() // steps if steps else 0
         y, new_states = recurrent_unroll(
             self._current_config(),
-            self._flat_weights(),
+            weights,
             x.reshape(n, steps, x.shape[-1]),
             tuple(s.reshape(n, steps, *s.shape[-2:]) for s in states),
             is_init.reshape(n, steps),

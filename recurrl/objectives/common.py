@@ -148,7 +148,8 @@ def masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
     if mask is None:
         return x.mean()
     m = mask.to(x.dtype)
-    return (x * m).sum() / m.sum().clamp_min(1.0)
+    # selected, not multiplied by m: a masked-out step may hold NaN (0 * NaN = NaN)
+    return x.masked_fill(~mask.bool(), 0.0).sum() / m.sum().clamp_min(1.0)
 
 
 def masked_normalize(x: Tensor, mask: Tensor | None, eps: float = 1e-8) -> Tensor:

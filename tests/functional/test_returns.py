@@ -160,3 +160,28 @@ def test_gradients_flow_to_values():
     adv, _ = generalized_advantage_estimate(0.9, 0.9, v, nv, r, done, term)
     adv.sum().backward()
     assert v.grad is not None
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), float("-inf")])
+def test_flags_select_so_nothing_non_finite_crosses_them(poison):
+    """A value behind a ``terminated`` step, or a whole trajectory after a ``done`` step, may
+    be non-finite (a terminal observation, a diverged episode in the same row): the results
+    before it are those of the same batch with finite numbers there, bit for bit."""
+    v, nv, r, done, term = _random_batch(b=4, t=12, seed=3)
+    done[:, 5] = True  # every row: trajectory A is steps 0..5, B is steps 6..
+    term[:, 2] = True
+    done |= term
+    hidden = torch.zeros_like(done)  # what steps 0..5 must never read
+    hidden[:, 6:] = True
+    nv_bad, r_bad, v_bad = nv.clone(), r.clone(), v.clone()
+    nv_bad[:, 2] = poison  # the terminal step's next value
+    nv_bad[hidden], r_bad[hidden], v_bad[hidden] = poison, poison, poison
+    keep = ~hidden
+    adv, target = generalized_advantage_estimate(0.9, 0.8, v_bad, nv_bad, r_bad, done, term)
+    adv_ok, target_ok = generalized_advantage_estimate(0.9, 0.8, v, nv, r, done, term)
+    assert torch.equal(adv[keep], adv_ok[keep]) and torch.equal(target[keep], target_ok[keep])
+    lam = td_lambda_return_estimate(0.9, 0.8, nv_bad, r_bad, done, term)
+    assert torch.equal(lam[keep], td_lambda_return_estimate(0.9, 0.8, nv, r, done, term)[keep])
+    td0 = td0_return_estimate(0.9, nv_bad, r_bad, term)
+    assert torch.equal(td0[keep], td0_return_estimate(0.9, nv, r, term)[keep])
+    assert torch.isfinite(adv[keep]).all() and torch.isfinite(lam[keep]).all()

@@ -68,6 +68,18 @@ def test_masked_mean_and_normalize():
     torch.testing.assert_close(n, (x[mask] - 2.0) / (x[mask].std(unbiased=False) + 1e-8))
 
 
+def test_masked_out_steps_may_hold_nan():
+    """A masked-out step is selected away, not multiplied by 0 (``0 * NaN = NaN``): its NaN
+    reaches neither the statistics nor the gradient of the real steps."""
+    x = torch.tensor([1.0, float("nan"), 3.0, float("inf")], requires_grad=True)
+    mask = torch.tensor([True, False, True, False])
+    mean = masked_mean(x, mask)
+    assert mean == 2.0
+    (grad,) = torch.autograd.grad(mean, x)
+    assert torch.equal(grad, torch.tensor([0.5, 0.0, 0.5, 0.0]))
+    torch.testing.assert_close(masked_normalize(x, mask)[mask], torch.tensor([-1.0, 1.0]))
+
+
 def test_step_mask_shapes():
     td = TensorDict({("collector", "mask"): torch.ones(2, 3, 1, dtype=torch.bool)}, [2, 3])
     assert step_mask(td, ("collector", "mask")).shape == (2, 3)

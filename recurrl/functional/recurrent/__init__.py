@@ -199,8 +199,7 @@ def recurrent_unroll(
             recompute=recompute == "full",
             python_based=python_based,
         )
-        ends = trajectory_ends(is_init)[..., None, None].to(y.dtype)
-        return y, tuple(s * ends for s in new_states)
+        return y, _at_ends(new_states, is_init)
     if name == "triton":
         y, new_states = triton_unroll(
             cfg,
@@ -213,6 +212,15 @@ def recurrent_unroll(
             compute_dtype=compute_dtype,
             matmul_precision=matmul_precision,
         )
-        ends = trajectory_ends(is_init)[..., None, None].to(y.dtype)
-        return y, tuple(s * ends for s in new_states)
+        return y, _at_ends(new_states, is_init)
     raise ValueError(f"recurrent backend must be one of {RECURRENT_BACKENDS}, got {name!r}.")
+
+
+def _at_ends(states: tuple[Tensor, ...], is_init: Tensor) -> tuple[Tensor, ...]:
+    """Each state ``[N, T, L, S]`` kept at the trajectory ends and zero elsewhere.
+
+    Selected rather than multiplied by a 0/1 mask: inside a trajectory that went non-finite
+    ``0 * NaN`` would leave NaN where the contract promises zeros.
+    """
+    not_end = ~trajectory_ends(is_init)[..., None, None]
+    return tuple(s.masked_fill(not_end, 0.0) for s in states)

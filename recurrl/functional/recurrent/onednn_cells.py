@@ -113,8 +113,13 @@ def learn_layout(
     """
     width, rows = grid.shape[:2]
     hid = cy.shape[-1]
-    layout = _locate(ws.view(cy.dtype).detach().numpy(), cells.detach().numpy(),
-                     at.cpu().numpy(), width, rows, hid)  # fmt: skip
+    ref = cells.detach().numpy()
+    if not np.isfinite(ref).all():
+        # NaN is found nowhere: such a batch can neither show nor rule out the layout, and
+        # remembering "none" would recompute this signature's states for good. Learn later.
+        return None
+    layout = _locate(ws.view(cy.dtype).detach().numpy(), ref, at.cpu().numpy(), width, rows,
+                     hid)  # fmt: skip
     if len(_LAYOUTS) < _MAX_SIGNATURES:  # beyond, every new signature is recomputed
         _LAYOUTS[_signature(grid, hid)] = layout
     return layout

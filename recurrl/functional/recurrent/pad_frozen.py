@@ -284,7 +284,12 @@ def h_bound(cfg: RNNConfig, w: LayerWeights, h0: Tensor) -> Tensor | float:
     if cfg.mode == "lstm":  # h = o * tanh(c), then projected
         return w.weight_hr.abs().sum(1).max() if cfg.proj_size else 1.0
     # a GRU state is a convex combination of candidates in [-1, 1] and its start state
-    return h0.detach().abs().amax().clamp(min=1.0) if h0.numel() else 1.0
+    if not h0.numel():
+        return 1.0
+    # A NaN start state (its own row's business) must not make the flag column NaN: every
+    # row multiplies that column by 0 on its real steps, and 0 * NaN = NaN. A non-finite
+    # bound becomes 1e30, which the columns clamp to anyway; a finite one is left as is.
+    return h0.detach().abs().amax().clamp(min=1.0).nan_to_num(nan=1e30, posinf=1e30)
 
 
 class _Rows(torch.autograd.Function):

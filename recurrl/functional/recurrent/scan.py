@@ -117,8 +117,6 @@ class _LSTMScan(torch.autograd.Function):
         a_c = o * (1 - tc * tc)  # dc/dh through h = o * tanh(c)
         b_ifg = torch.stack([tg * i * (1 - i), c_in * f * (1 - f), i * (1 - tg * tg)], dim=2)
         b_o = tc * o * (1 - o)
-        keep = (~reset).to(sig.dtype)
-        f_keep = f * keep
         d_gates = sig.new_empty(steps, n, 4 * hid)
         d_gates4 = d_gates.view(steps, n, 4, hid)
         d_h_in, d_c = sig.new_empty(steps, n, hid), sig.new_empty(steps, n, hid)
@@ -126,21 +124,24 @@ class _LSTMScan(torch.autograd.Function):
         loop = list(zip(
             a_c.unbind(0), b_ifg.unbind(0), b_o.unbind(0), d_gates.unbind(0),
             d_gates4[:, :, :3].unbind(0), d_gates4[:, :, 3].unbind(0), d_h_in.unbind(0),
-            d_c.unbind(0), d_c.unsqueeze(2).unbind(0), keep.unbind(0), f_keep.unbind(0),
+            d_c.unbind(0), d_c.unsqueeze(2).unbind(0), reset.unbind(0), f.unbind(0),
             strict=True,
         ))  # fmt: skip
         dh, dc = dhs[-1], dcs[-1]
         for t in range(steps - 1, -1, -1):
-            a_t, b_ifg_t, b_o_t, dg_t, dg_ifg_t, dg_o_t, dhin_t, dc_t, dcu_t, keep_t, fk_t = loop[t]
+            a_t, b_ifg_t, b_o_t, dg_t, dg_ifg_t, dg_o_t, dhin_t, dc_t, dcu_t, reset_t, f_t = loop[t]
             torch.addcmul(dc, dh, a_t, out=dc_t)
             torch.mul(dcu_t, b_ifg_t, out=dg_ifg_t)
             torch.mul(dh, b_o_t, out=dg_o_t)
             torch.mm(dg_t, w_hh, out=dhin_t)
-            if t:
-                dh = torch.addcmul(dhs[t - 1], dhin_t, keep_t)
-                dc = torch.addcmul(dcs[t - 1], dc_t, fk_t)
+            if t:  # at a restart nothing flows back into the previous trajectory: selected,
+                # as 0 * NaN = NaN would carry a non-finite gradient of this one across
+                dh = torch.where(reset_t, dhs[t - 1], dhs[t - 1] + dhin_t)
+                dc = torch.where(reset_t, dcs[t - 1], torch.addcmul(dcs[t - 1], dc_t, f_t))
         d_w_hh = d_gates.reshape(-1, 4 * hid).t() @ h_in.reshape(-1, hid)
-        d_shc = torch.cat([d_h_in, d_c * f], dim=-1) * (1 - keep)
+        # selected, not multiplied by the mask: inside a trajectory that went non-finite,
+        # d_h_in is NaN, and the stored states there are not read (their gradient is 0)
+        d_shc = torch.cat([d_h_in, d_c * f], dim=-1).masked_fill_(~reset, 0.0)
         return d_gates, d_shc, None, d_w_hh, None
 
 
@@ -204,7 +205,6 @@ class _GRUScan(torch.autograd.Function):
         a_n = (1 - z) * (1 - nn_ * nn_)
         a_z = (h_in - nn_) * z * (1 - z)
         a_r = gh[..., 2 * hid :] * r * (1 - r)
-        keep = (~reset).to(h_in.dtype)
         d_gh = h_in.new_empty(steps, n, 3 * hid)
         d_pre_n, d_h_in = h_in.new_empty(steps, n, hid), h_in.new_empty(steps, n, hid)
         dhs_l = dhs.unbind(0)
@@ -212,11 +212,11 @@ class _GRUScan(torch.autograd.Function):
             a_n.unbind(0), a_z.unbind(0), a_r.unbind(0), r.unbind(0), z.unbind(0),
             d_pre_n.unbind(0), d_gh.unbind(0), d_gh[..., :hid].unbind(0),
             d_gh[..., hid : 2 * hid].unbind(0), d_gh[..., 2 * hid :].unbind(0),
-            d_h_in.unbind(0), keep.unbind(0), strict=True,
+            d_h_in.unbind(0), reset.unbind(0), strict=True,
         ))  # fmt: skip
         dh = dhs_l[-1]
         for t in range(steps - 1, -1, -1):
-            an_t, az_t, ar_t, r_t, z_t, dpn_t, dgh_t, dr_t, dz_t, dn_t, dhin_t, keep_t = loop[t]
+            an_t, az_t, ar_t, r_t, z_t, dpn_t, dgh_t, dr_t, dz_t, dn_t, dhin_t, reset_t = loop[t]
             torch.mul(dh, an_t, out=dpn_t)
             torch.mul(dh, az_t, out=dz_t)
             torch.mul(dpn_t, ar_t, out=dr_t)
@@ -224,11 +224,11 @@ class _GRUScan(torch.autograd.Function):
             torch.mm(dgh_t, w_hh, out=dhin_t)
             dhin_t.addcmul_(dh, z_t)
             if t:
-                dh = torch.addcmul(dhs_l[t - 1], dhin_t, keep_t)
+                dh = torch.where(reset_t, dhs_l[t - 1], dhs_l[t - 1] + dhin_t)  # see the LSTM's
         d_xp = torch.cat([d_gh[..., : 2 * hid], d_pre_n], dim=-1)
         d_w_hh = d_gh.reshape(-1, 3 * hid).t() @ h_in.reshape(-1, hid)
         d_b_hh = d_gh.sum((0, 1)) if ctx.has_bias else None
-        d_sh = d_h_in * (1 - keep)
+        d_sh = d_h_in.masked_fill(~reset, 0.0)  # selected (see _LSTMScan.backward)
         return d_xp, d_sh, None, d_w_hh, d_b_hh, None
 
 

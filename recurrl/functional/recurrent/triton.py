@@ -198,10 +198,12 @@ class _TritonLayer(torch.autograd.Function):
         # Parameter gradients in bulk: one matmul over every step.
         d_gh = d_g[..., : gates * hid]
         d_w_hh = d_gh.reshape(-1, gates * hid).t() @ h_in.reshape(-1, hid)
-        restart = reset.unsqueeze(-1).to(h_in.dtype)
-        d_sh = d_h_in * restart
+        # selected, not multiplied by the mask: inside a trajectory that went non-finite the
+        # incoming gradients are NaN, and the stored states there are not read (gradient 0)
+        keep = (reset == 0).unsqueeze(-1)
+        d_sh = d_h_in.masked_fill(keep, 0.0)
         if opts.lstm:
-            return d_g, d_sh, d_c_in * restart, None, d_w_hh, None, None
+            return d_g, d_sh, d_c_in.masked_fill(keep, 0.0), None, d_w_hh, None, None
         d_xp = torch.cat([d_g[..., : 2 * hid], d_g[..., 3 * hid :]], dim=-1)
         d_b_hn = d_g[..., 2 * hid : 3 * hid].sum((0, 1)) if ctx.has_bhn else None
         return d_xp, d_sh, None, None, d_w_hh, d_b_hn, None

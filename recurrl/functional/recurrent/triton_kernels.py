@@ -198,7 +198,9 @@ def _backward(
         a_base = t * N * 4 * H
         next_rows = rmask & (rows * 0 + t + 1 < T)
         restart = tl.load(reset_ptr + (t + 1) * N + rows, mask=next_rows, other=1)
-        keep = (restart == 0).to(tl.float32)[:, None]
+        # the carried gradient is not loaded at all at a restart, rather than multiplied by
+        # 0: the next trajectory's may be NaN, and 0 * NaN = NaN would cross the restart
+        keep = (restart == 0)[:, None]
         # pass 1 (elementwise): gradients of the pre-activations of step t
         for j0 in range(0, HP, BJ):
             cols = j0 + rj
@@ -208,14 +210,14 @@ def _backward(
             off = rows[:, None] * H + cols[None, :]
             ao = a_base + rows[:, None] * (4 * H) + cols[None, :]
             dh = tl.load(dhs_ptr + s_base + off, mask=m2, other=0.0)
-            dh += keep * tl.load(dhin_ptr + s_base + N * H + off, mask=nmask, other=0.0)
+            dh += tl.load(dhin_ptr + s_base + N * H + off, mask=nmask & keep, other=0.0)
             a0 = tl.load(act_ptr + ao, mask=m2, other=0.0)
             a1 = tl.load(act_ptr + ao + H, mask=m2, other=0.0)
             a2 = tl.load(act_ptr + ao + 2 * H, mask=m2, other=0.0)
             a3 = tl.load(act_ptr + ao + 3 * H, mask=m2, other=0.0)
             if IS_LSTM:
                 dc = tl.load(dcs_ptr + s_base + off, mask=m2, other=0.0)
-                dc += keep * tl.load(dcin_ptr + s_base + N * H + off, mask=nmask, other=0.0)
+                dc += tl.load(dcin_ptr + s_base + N * H + off, mask=nmask & keep, other=0.0)
                 c = tl.load(cs_ptr + s_base + off, mask=m2, other=0.0)
                 tc = 2.0 / (1.0 + tl.exp(-2.0 * c)) - 1.0
                 dc += dh * a3 * (1.0 - tc * tc)

@@ -104,6 +104,23 @@ def test_a_workspace_without_the_states_is_never_read():
     assert known_layout(grid, 4) == (True, None)
 
 
+@needs_onednn
+def test_a_non_finite_batch_does_not_decide_the_layout():
+    """A NaN cell state matches nothing: learning on it would remember "no layout" and
+    recompute every later call of the signature."""
+    gen = torch.Generator().manual_seed(4)
+    rnn = torch.nn.LSTM(3, 4)
+    params = [p.detach().clone().requires_grad_(True) for p in rnn._flat_weights]
+    grid = torch.randn(6, 2, 3, generator=gen)
+    grid[1, 0, 0] = float("nan")
+    h0 = c0 = torch.zeros(2, 4)
+    _, cy, ws = lstm_layer(grid, h0, c0, params, True, True)
+    cells = torch.randn(12, 4, generator=gen)
+    cells[2] = float("nan")
+    assert learn_layout(grid, ws, cy.detach(), cells, torch.arange(12)) is None
+    assert known_layout(grid, 4) == (False, None)
+
+
 def _problem(seed, **spec):
     return zero_restarts(make_problem("lstm", seed=seed, **spec))
 
