@@ -37,6 +37,7 @@ import threading
 import time
 import types
 import typing
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -470,6 +471,19 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _plain_warnings(prog: str) -> Iterator[None]:
+    """Show the library's warnings (e.g. a resume that starts new episodes) as one line
+    ``<prog>: warning: <message>`` instead of python's file, line and source excerpt."""
+
+    def show(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
+        print(f"{prog}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
+
+
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse ``argv``; an unknown option is reported with its subcommand's usage (argparse
     itself reports it with the top-level usage, which does not list the option)."""
@@ -491,7 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(parser, argv)
     signals = _Signals()
     try:
-        with signals.installed():
+        with signals.installed(), _plain_warnings(f"recurrl {args.command}"):
             return _train(args, signals) if args.command == "train" else _eval(args)
     except UsageError as err:
         print(f"recurrl {args.command}: error: {' '.join(str(err).split())}", file=sys.stderr)
