@@ -28,6 +28,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import queue
+import select
 import signal
 import sys
 import threading
@@ -164,6 +165,8 @@ class _WorkerPipe:
         self.command: str | None = None  # the command whose answer is awaited
         self.timeout: float | None = None
         self.deadline: float | None = None
+        self._watched = set(owner.sentinels)  # every worker's process sentinel
+        self._poller: Any = None
 
     @property
     def closed(self) -> bool:
@@ -189,28 +192,48 @@ class _WorkerPipe:
             self.owner._worker_died(self.index)
 
     def recv(self) -> Any:
-        # An answer already there (the common case) costs one poll; otherwise wait on the
-        # pipe and on every worker still owing an answer, so that any death shows at once.
-        while not self.conn.poll():
-            owing = {
-                self.owner.processes[pipe.index].sentinel: pipe
-                for pipe in self.owner.parent_pipes
-                if pipe.command is not None and (pipe is self or not pipe.poll())
-            }
-            remaining = None if self.deadline is None else max(self.deadline - time.monotonic(), 0)
-            ready = multiprocessing.connection.wait([self.conn, *owing], remaining)
-            if not ready:
-                self.owner._timed_out(self.index)
-            for sentinel in ready:
-                pipe = owing.get(sentinel)
-                if pipe is not None and not pipe.poll():  # dead, without an answer
-                    self.owner._worker_died(pipe.index)
+        self._await_answer()
         try:
             answer = self.conn.recv()
         except (EOFError, OSError):  # readable because the worker's end closed
             self.owner._worker_died(self.index)
         self.command = None
         return answer
+
+    def _await_answer(self) -> None:
+        """Wait for this pipe and for every worker's exit, until the deadline: the death of
+        any worker owing an answer shows at once."""
+        while True:
+            remaining = None if self.deadline is None else max(self.deadline - time.monotonic(), 0)
+            ready = self._wait(remaining)
+            if not ready:
+                self.owner._timed_out(self.index)
+            if self.conn in ready:
+                return
+            for sentinel in ready:
+                pipe = self.owner.parent_pipes[self.owner.sentinels.index(sentinel)]
+                if pipe.command is not None and not pipe.poll():  # exited without answering
+                    self.owner._worker_died(pipe.index)
+                self._unwatch(sentinel)  # its answer (an error, say) is read in its turn
+
+    def _wait(self, timeout: float | None) -> list[Any]:
+        """The ready ones of this pipe and the watched sentinels (a ``select.poll`` kept
+        from call to call: ``multiprocessing.connection.wait`` builds a selector each time,
+        which cost ~25 us per answer)."""
+        if not hasattr(select, "poll"):  # Windows
+            return multiprocessing.connection.wait([self.conn, *self._watched], timeout)
+        if self._poller is None:
+            self._poller = select.poll()
+            for fd in (self.conn.fileno(), *self._watched):
+                self._poller.register(fd, select.POLLIN)
+        events = self._poller.poll(None if timeout is None else timeout * 1000)
+        conn_fd = self.conn.fileno()
+        return [self.conn if fd == conn_fd else fd for fd, _ in events]
+
+    def _unwatch(self, sentinel: int) -> None:
+        self._watched.discard(sentinel)
+        if self._poller is not None:
+            self._poller.unregister(sentinel)
 
 
 class _AsyncVectorEnv(AsyncVectorEnv):
@@ -243,6 +266,7 @@ class _AsyncVectorEnv(AsyncVectorEnv):
 
     # gymnasium calls this once, right after starting the workers: wrap the pipes first.
     def _check_spaces(self) -> None:
+        self.sentinels = [process.sentinel for process in self.processes]
         self.parent_pipes = [  # type: ignore[assignment]
             _WorkerPipe(self, i, pipe) for i, pipe in enumerate(self.parent_pipes)
         ]

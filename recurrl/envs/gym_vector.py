@@ -106,10 +106,21 @@ class GymVecEnv(GymEnv):
             ``autoreset_mode=AutoresetMode.DISABLED``.
         num_envs: number of sub-envs (required with an env id).
         vectorization: ``"sync"`` (all sub-envs in this process) or ``"async"`` (one worker
-            process per sub-env; a worker's exception is re-raised here with the worker
-            traceback as its ``__cause__``). :meth:`close` stops the workers.
+            process per sub-env). With ``"async"``: a worker's exception is re-raised here
+            with the worker traceback as its ``__cause__``; a worker that dies (e.g. SIGKILL
+            from the out-of-memory killer) raises
+            :class:`~recurrl.envs.gym_async.WorkerDiedError` naming its index, pid and
+            signal or exit code; after either, or a timeout, every worker is stopped and the
+            env is closed. :meth:`close` stops the workers with bounded waits (ask, then
+            SIGTERM, then SIGKILL) and always returns. Workers die with this process, even
+            when it is SIGKILLed (see ``docs/implementation_details.md``).
         vector_kwargs: more arguments of ``SyncVectorEnv`` / ``AsyncVectorEnv`` (e.g.
-            ``context``, ``shared_memory``); ``autoreset_mode`` is fixed.
+            ``context``, ``shared_memory``); ``autoreset_mode`` and ``worker`` are fixed.
+        step_timeout: async only: seconds each worker may take to answer one reset or step
+            (its first answer includes making its env). A worker that does not answer in
+            time raises ``TimeoutError`` naming it, and every worker is killed. ``None``
+            waits forever; default :data:`~recurrl.envs.gym_async.DEFAULT_STEP_TIMEOUT`
+            (300 s).
         device: device of the tensors written.
         categorical_action_encoding: see :class:`~recurrl.envs.GymEnv`.
         seed: optional seed for the first reset.

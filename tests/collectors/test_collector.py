@@ -474,3 +474,21 @@ def test_async_worker_crash_raises_with_worker_traceback():
     assert re.search(r'test_collector\.py", line \d+, in step\n', text), text
     collector.shutdown()
     assert set(multiprocessing.active_children()) - before == set()
+
+
+@needs_batched_gym
+def test_shutdown_returns_after_a_worker_was_killed(fail_after):
+    import recurrl.testing.gym_envs  # noqa: F401  (registers RecurrlFaulty-v0)
+    from recurrl.envs.gym_async import WorkerDiedError
+
+    before = set(multiprocessing.active_children())
+    env = GymEnv(
+        "RecurrlFaulty-v0", num_envs=2, vectorization="async", fault="sigkill", fault_step=3
+    )
+    collector = Collector(env, None, frames_per_batch=10)
+    with fail_after(30):
+        with pytest.raises(WorkerDiedError, match=r"died, killed by signal SIGKILL"):
+            next(iter(collector))
+        collector.shutdown()
+        collector.shutdown()  # idempotent
+    assert set(multiprocessing.active_children()) - before == set()

@@ -243,3 +243,30 @@ def test_steps_match_sync_and_add_no_processes():
     assert (data == sync.rollout(5)).all()
     env.close()
     assert set(multiprocessing.active_children()) - before == set()
+
+
+def test_a_death_shows_while_another_worker_hangs(fail_after):
+    env = faulty(fault="hang", fault_step=1, step_timeout=None)  # waits forever on a hang...
+    vec = env.env
+    with fail_after(20):
+        vec.reset()
+        vec.step_async(np.zeros(2, dtype=np.int64))
+        os.kill(vec.processes[1].pid, signal.SIGKILL)
+        # ... but not on a dead worker, though worker 0 (received first) never answers
+        with pytest.raises(WorkerDiedError, match=r"worker 1 \(pid \d+\) died"):
+            vec.step_wait()
+    assert not any(p.is_alive() for p in vec.processes)
+
+
+def test_forkserver_workers(fail_after):
+    # The worker function and its arguments are pickled (as with spawn), and the workers'
+    # parent is the fork server, so the parent check is skipped. Slow (~7 s): the fork
+    # server imports recurrl. CartPole, as a fork server knows only the ids its imports
+    # register.
+    env = GymEnv(
+        "CartPole-v1", num_envs=1, vectorization="async", vector_kwargs={"context": "forkserver"}
+    )
+    with fail_after(120):
+        assert env.rollout(3).batch_size == (1, 3)
+        env.close()
+    assert env.env.processes[0].exitcode == 0
