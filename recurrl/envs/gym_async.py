@@ -153,6 +153,9 @@ def _describe_exit(exitcode: int | None) -> str:
 # --- main side -------------------------------------------------------------------------------
 
 
+_NOTHING = object()
+
+
 class _WorkerPipe:
     """The main process's end of one worker's pipe, with bounded, death-aware receives.
 
@@ -167,6 +170,7 @@ class _WorkerPipe:
         self.deadline: float | None = None
         self._watched = set(owner.sentinels)  # every worker's process sentinel
         self._poller: Any = None
+        self._early: Any = _NOTHING  # an answer read while waiting on another pipe
 
     @property
     def closed(self) -> bool:
@@ -192,13 +196,18 @@ class _WorkerPipe:
             self.owner._worker_died(self.index)
 
     def recv(self) -> Any:
-        self._await_answer()
-        try:
-            answer = self.conn.recv()
-        except (EOFError, OSError):  # readable because the worker's end closed
-            self.owner._worker_died(self.index)
+        if self._early is _NOTHING:
+            self._await_answer()
+            self._read()
+        answer, self._early = self._early, _NOTHING
         self.command = None
         return answer
+
+    def _read(self) -> None:
+        try:
+            self._early = self.conn.recv()
+        except (EOFError, OSError):  # readable because the worker's end closed
+            self.owner._worker_died(self.index)
 
     def _await_answer(self) -> None:
         """Wait for this pipe and for every worker's exit, until the deadline: the death of
@@ -212,9 +221,13 @@ class _WorkerPipe:
                 return
             for sentinel in ready:
                 pipe = self.owner.parent_pipes[self.owner.sentinels.index(sentinel)]
-                if pipe.command is not None and not pipe.poll():  # exited without answering
-                    self.owner._worker_died(pipe.index)
-                self._unwatch(sentinel)  # its answer (an error, say) is read in its turn
+                if pipe.command is not None and pipe._early is _NOTHING:
+                    # It exited: with an answer (an error, say, then kept for its turn),
+                    # or without (its pipe polls readable at EOF too: only a read tells).
+                    if not pipe.poll():
+                        self.owner._worker_died(pipe.index)
+                    pipe._read()
+                self._unwatch(sentinel)
 
     def _wait(self, timeout: float | None) -> list[Any]:
         """The ready ones of this pipe and the watched sentinels (a ``select.poll`` kept
@@ -318,7 +331,8 @@ class _AsyncVectorEnv(AsyncVectorEnv):
         late = [
             pipe
             for pipe in self.parent_pipes
-            if pipe.index == index or (pipe.command is not None and not pipe.poll())
+            if pipe.index == index
+            or (pipe.command is not None and pipe._early is _NOTHING and not pipe.poll())
         ]
         names = ", ".join(
             f"worker {p.index} (pid {self.processes[p.index].pid}, {p.command!r})" for p in late

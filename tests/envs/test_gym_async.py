@@ -252,6 +252,7 @@ def test_a_death_shows_while_another_worker_hangs(fail_after):
         vec.reset()
         vec.step_async(np.zeros(2, dtype=np.int64))
         os.kill(vec.processes[1].pid, signal.SIGKILL)
+        vec.processes[1].join(5)  # dead: its pipe polls readable (at EOF), with no answer
         # ... but not on a dead worker, though worker 0 (received first) never answers
         with pytest.raises(WorkerDiedError, match=r"worker 1 \(pid \d+\) died"):
             vec.step_wait()
