@@ -283,7 +283,11 @@ class _AsyncVectorEnv(AsyncVectorEnv):
         self.parent_pipes = [  # type: ignore[assignment]
             _WorkerPipe(self, i, pipe) for i, pipe in enumerate(self.parent_pipes)
         ]
-        super()._check_spaces()
+        try:
+            super()._check_spaces()
+        except BaseException:  # e.g. spaces that differ: no env is returned, stop the workers
+            self.close(terminate=True)
+            raise
 
     def _poll_pipe_envs(self, timeout: float | None = None) -> bool:
         # gymnasium polls here before receiving the answers; the receives themselves wait
@@ -312,11 +316,8 @@ class _AsyncVectorEnv(AsyncVectorEnv):
         process = self.processes[index]
         process.join(KILL_TIMEOUT)  # reap it, for its exit code
         command = self.parent_pipes[index].command
-        doing = (
-            "while starting (making its env)"
-            if command == "_check_spaces"
-            else (f"while running {command!r}")
-        )
+        starting = command == "_check_spaces"  # gymnasium's first command
+        doing = "while starting (making its env)" if starting else f"while running {command!r}"
         self._fail(
             WorkerDiedError(
                 f"GymVecEnv: gymnasium worker {index} (pid {process.pid}) died, "

@@ -7,6 +7,7 @@ Linux), the cheapest.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import select
@@ -18,14 +19,17 @@ import threading
 import time
 from pathlib import Path
 
+import gymnasium
 import numpy as np
 import pytest
 import torch
 from gymnasium.error import ClosedEnvironmentError
+from gymnasium.vector import AutoresetMode
 
 import recurrl.testing.gym_envs  # noqa: F401  (registers RecurrlFaulty-v0)
 from recurrl.envs import GymEnv, gym_async
-from recurrl.envs.gym_async import WorkerDiedError, _die_with_parent
+from recurrl.envs.gym_async import WorkerDiedError, _AsyncVectorEnv, _die_with_parent
+from recurrl.testing.gym_envs import FaultyEnv
 
 ROOT = Path(__file__).resolve().parents[2]
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux processes")
@@ -87,6 +91,30 @@ def test_worker_dying_mid_step_is_noticed_at_once(fail_after, fault, expected):
     assert not any(p.is_alive() for p in processes)
     with pytest.raises(ClosedEnvironmentError, match=f"closed after: .*{expected}"):
         env.env.reset()
+
+
+def _env_in_main_only(main_pid):
+    if os.getpid() != main_pid:
+        os._exit(5)  # a worker that dies while making its env
+    return FaultyEnv()
+
+
+def test_worker_dying_while_starting_is_named(fail_after):
+    before = set(multiprocessing.active_children())
+    fns = [FaultyEnv, functools.partial(_env_in_main_only, os.getpid())]
+    with fail_after(20), pytest.raises(WorkerDiedError) as info:
+        _AsyncVectorEnv(fns, step_timeout=10, autoreset_mode=AutoresetMode.DISABLED)
+    assert "worker 1 (pid" in str(info.value)
+    assert "exited with code 5, while starting (making its env)" in str(info.value)
+    assert set(multiprocessing.active_children()) - before == set()
+
+
+def test_failed_space_check_stops_the_workers(fail_after):
+    before = set(multiprocessing.active_children())
+    fns = [FaultyEnv, functools.partial(gymnasium.make, "CartPole-v1")]
+    with fail_after(20), pytest.raises(RuntimeError, match="observation spaces"):
+        _AsyncVectorEnv(fns, step_timeout=10, autoreset_mode=AutoresetMode.DISABLED)
+    assert set(multiprocessing.active_children()) - before == set()
 
 
 def test_hung_worker_times_out_and_is_killed(fail_after):
