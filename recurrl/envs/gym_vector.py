@@ -136,6 +136,13 @@ class GymVecEnv(GymEnv):
         >>> data.batch_size
         torch.Size([3, 40])
         >>> env.close()
+
+        One worker process per sub-env, each answer awaited at most 60 s:
+
+        >>> env = GymEnv("CartPole-v1", num_envs=2, vectorization="async", step_timeout=60)
+        >>> env.rollout(3).batch_size
+        torch.Size([2, 3])
+        >>> env.close()
     """
 
     def __init__(
