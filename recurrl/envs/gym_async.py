@@ -21,6 +21,7 @@ a queue) is gymnasium's ``_async_worker``, unchanged.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import functools
@@ -33,6 +34,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
@@ -249,6 +251,20 @@ class _WorkerPipe:
             self._poller.unregister(sentinel)
 
 
+_LIVE: weakref.WeakSet[_AsyncVectorEnv] = weakref.WeakSet()
+
+
+@atexit.register  # after multiprocessing's own exit hook, so it runs before it
+def _stop_workers_at_exit() -> None:
+    """Stop the workers of every env still open, with bounded waits.
+
+    At exit, multiprocessing SIGTERMs its daemonic children and then joins them without a
+    bound: a worker that ignores SIGTERM would keep the interpreter from ever exiting.
+    """
+    for env in list(_LIVE):
+        env.close(terminate=True)
+
+
 class _AsyncVectorEnv(AsyncVectorEnv):
     """``AsyncVectorEnv`` that never waits without a bound on its workers.
 
@@ -276,6 +292,7 @@ class _AsyncVectorEnv(AsyncVectorEnv):
             death_signal=in_main_thread or method == "forkserver",
         )
         super().__init__(env_fns, worker=worker, **kwargs)
+        _LIVE.add(self)
 
     # gymnasium calls this once, right after starting the workers: wrap the pipes first.
     def _check_spaces(self) -> None:

@@ -19,7 +19,7 @@ from gymnasium import spaces
 __all__ = ["FAULTS", "FaultyEnv"]
 
 #: What :class:`FaultyEnv` can do at its ``fault_step``-th step.
-FAULTS = ("hang", "sigkill", "exit", "raise")
+FAULTS = ("hang", "hang_ignoring_sigterm", "sigkill", "exit", "raise")
 
 
 class FaultyEnv(gymnasium.Env):
@@ -28,6 +28,8 @@ class FaultyEnv(gymnasium.Env):
     Faults (at the ``fault_step``-th step after a reset):
 
     - ``"hang"``: the step never returns (as a deadlocked simulator);
+    - ``"hang_ignoring_sigterm"``: the same, in a process that now ignores SIGTERM (as
+      some simulators do: only SIGKILL ends it); only ever use it in a worker process;
     - ``"sigkill"``: the process kills itself with SIGKILL (as the out-of-memory killer
       would); only ever use it in a worker process;
     - ``"exit"``: the process exits at once with code 3, skipping all cleanup;
@@ -81,8 +83,10 @@ class FaultyEnv(gymnasium.Env):
         return self._obs(), 0.0, False, False, {}
 
     def _misbehave(self) -> None:
-        if self.fault == "hang":
-            threading.Event().wait()  # forever; SIGTERM / SIGKILL still end the process
+        if self.fault == "hang_ignoring_sigterm":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self.fault in ("hang", "hang_ignoring_sigterm"):
+            threading.Event().wait()  # forever; SIGKILL (and SIGTERM unless ignored) end it
         elif self.fault == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         elif self.fault == "exit":

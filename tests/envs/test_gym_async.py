@@ -161,6 +161,55 @@ def test_close_with_a_hung_worker_returns(fail_after, monkeypatch):
     assert [p.exitcode for p in vec.processes] == [-signal.SIGTERM] * 2
 
 
+def test_close_kills_a_worker_that_ignores_sigterm(fail_after, monkeypatch):
+    monkeypatch.setattr(gym_async, "CLOSE_TIMEOUT", 0.5)
+    env = faulty(fault="hang_ignoring_sigterm", fault_step=1, step_timeout=None)
+    vec = env.env
+    with fail_after(20):
+        vec.reset()
+        vec.step_async(np.zeros(2, dtype=np.int64))
+        time.sleep(0.3)  # let them reach the step, where they start ignoring SIGTERM
+        env.close()
+    assert [p.exitcode for p in vec.processes] == [-signal.SIGKILL] * 2
+
+
+_EXIT_SCRIPT = textwrap.dedent(
+    """
+    import numpy as np
+    import recurrl.testing.gym_envs
+    from recurrl.envs import GymEnv
+
+    env = GymEnv(
+        "RecurrlFaulty-v0", num_envs=2, vectorization="async", fault="hang_ignoring_sigterm"
+    )
+    env.reset()
+    env.env.step_async(np.zeros(2, dtype=np.int64))
+    print(*(p.pid for p in env.env.processes), flush=True)
+    # exits without closing the env: multiprocessing alone would join the workers forever
+    """
+)
+
+
+@linux_only
+def test_interpreter_exit_stops_workers_that_ignore_sigterm():
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _EXIT_SCRIPT],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired as err:
+        pids = [int(pid) for pid in (err.stdout or b"").split()]
+        for pid in pids:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+        raise
+    assert done.returncode == 0, done.stderr
+    assert all(gone(int(pid)) for pid in done.stdout.split())
+
+
 def test_close_asks_healthy_workers_first(fail_after):
     env = faulty()
     with fail_after(20):
