@@ -281,36 +281,40 @@ class TestAsync:
         assert all(pipe.timeout == expected for pipe in env.env.parent_pipes)
         env.close()
 
-    def test_matches_sync_and_close_stops_workers(self):
+    def test_matches_sync_and_close_stops_workers(self, fail_after):
         sync = GymEnv("CartPole-v1", num_envs=2, seed=0)
         env = GymEnv("CartPole-v1", num_envs=2, vectorization="async", seed=0)
         torch.manual_seed(0)
         expected = sync.rollout(25, break_when_any_done=False)
         torch.manual_seed(0)
-        data = env.rollout(25, break_when_any_done=False)
+        with fail_after(30):
+            data = env.rollout(25, break_when_any_done=False)
         assert (data == expected).all()
         processes = list(env.env.processes)
         assert all(p.is_alive() for p in processes)
-        env.close()
+        with fail_after(30):
+            env.close()
         assert env.is_closed and not any(p.is_alive() for p in processes)
 
-    def test_worker_exception_surfaces_with_traceback(self):
+    def test_worker_exception_surfaces_with_traceback(self, fail_after):
         env = GymEnv("RecurrlTestRaising-v0", num_envs=2, vectorization="async", seed=0)
         processes = list(env.env.processes)
-        td = env.step_mdp(env.step(env.rand_action(env.reset())))
-        with pytest.raises(ValueError, match="boom in step") as info:
-            env.step(env.rand_action(td))
+        with fail_after(30):
+            td = env.step_mdp(env.step(env.rand_action(env.reset())))
+            with pytest.raises(ValueError, match="boom in step") as info:
+                env.step(env.rand_action(td))
         cause = str(info.value.__cause__)
         assert "Traceback in gymnasium worker" in cause
         assert "in step" in cause and "RaisingEnv: boom in step" in cause
         env.close()
         assert not any(p.is_alive() for p in processes)
 
-    def test_partial_reset(self):
+    def test_partial_reset(self, fail_after):
         env = GymEnv("RecurrlTestEpisodeCounter-v0", num_envs=2, vectorization="async", seed=1)
         sync = GymEnv("RecurrlTestEpisodeCounter-v0", num_envs=2, seed=1)
         torch.manual_seed(0)
-        data = env.rollout(10, break_when_any_done=False)
+        with fail_after(30):
+            data = env.rollout(10, break_when_any_done=False)
         torch.manual_seed(0)
         assert (data == sync.rollout(10, break_when_any_done=False)).all()
         assert data["next", "done"].any()
