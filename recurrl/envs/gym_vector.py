@@ -103,7 +103,8 @@ class GymVecEnv(GymEnv):
 
     Args:
         env_name_or_instance: a registered env id, or a gymnasium ``VectorEnv`` built with
-            ``autoreset_mode=AutoresetMode.DISABLED``.
+            ``autoreset_mode=AutoresetMode.DISABLED`` (used as given: the worker safeguards
+            below apply to async envs built here from an id).
         num_envs: number of sub-envs (required with an env id).
         vectorization: ``"sync"`` (all sub-envs in this process) or ``"async"`` (one worker
             process per sub-env). With ``"async"``: a worker's exception is re-raised here
