@@ -19,3 +19,33 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+class HungTestError(AssertionError):
+    """Raised by :func:`fail_after` in a block that ran past its time."""
+
+
+@pytest.fixture
+def fail_after():
+    """``with fail_after(seconds): ...`` fails the test instead of letting it hang.
+
+    A SIGALRM handler raises in the main thread, which also interrupts a blocking wait on a
+    pipe or a lock (pytest-timeout is not a dependency). POSIX main thread only.
+    """
+    import contextlib
+    import signal
+
+    @contextlib.contextmanager
+    def guard(seconds: float):
+        def hung(signum, frame):
+            raise HungTestError(f"the block did not finish within {seconds} s")
+
+        previous = signal.signal(signal.SIGALRM, hung)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+    return guard

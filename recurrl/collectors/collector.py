@@ -384,7 +384,12 @@ class Collector:
             self._traj_ids = None
 
     def shutdown(self) -> None:
-        """Close the env (and its worker processes, if any). Idempotent."""
+        """Close the env (and its worker processes, if any). Idempotent.
+
+        With a subprocess env (``GymEnv(..., vectorization="async")``) it returns in bounded
+        time even when a worker died or hangs: the workers are asked to close, then
+        terminated, then killed (see :class:`~recurrl.envs.gym_vector.GymVecEnv`).
+        """
         if not self._closed:
             self._closed = True
             self._root = None

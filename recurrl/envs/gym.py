@@ -246,8 +246,9 @@ class GymEnv(EnvBase):
         seed: optional seed for the first reset.
         num_envs: when given, ``GymEnv(...)`` returns a
             :class:`~recurrl.envs.gym_vector.GymVecEnv` of ``num_envs`` envs (batch
-            ``[num_envs]``; it also takes ``vectorization`` and ``vector_kwargs``). A
-            gymnasium ``VectorEnv`` instance also gives a ``GymVecEnv``.
+            ``[num_envs]``; it also takes ``vectorization``, ``vector_kwargs`` and
+            ``step_timeout``). A gymnasium ``VectorEnv`` instance also gives a
+            ``GymVecEnv``.
         **make_kwargs: passed to ``gymnasium.make`` (e.g. ``render_mode``).
 
     Examples:
@@ -282,10 +283,9 @@ class GymEnv(EnvBase):
         num_envs: None = None,
         **make_kwargs: Any,
     ) -> None:
-        if "vectorization" in make_kwargs or "vector_kwargs" in make_kwargs:
-            raise TypeError(
-                "GymEnv: vectorization / vector_kwargs need num_envs=N (a batched GymVecEnv)."
-            )
+        vector_only = {"vectorization", "vector_kwargs", "step_timeout"} & set(make_kwargs)
+        if vector_only:
+            raise TypeError(f"GymEnv: {sorted(vector_only)} need num_envs=N (a batched GymVecEnv).")
         env = _make(env_name_or_instance, make_kwargs)
         super().__init__(device=device, batch_size=())
         self._env = env

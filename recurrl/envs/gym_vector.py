@@ -12,18 +12,18 @@ env is its terminal observation, and the reset observation appears at the next r
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+import math
 from typing import Any
 
 import gymnasium
 import numpy as np
 import torch
-from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
-from gymnasium.vector.async_vector_env import AsyncState
+from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 from tensordict import TensorDictBase
 
 from recurrl.envs.common import EnvBase
 from recurrl.envs.gym import GymEnv, import_env_package, tensor_to_numpy
+from recurrl.envs.gym_async import DEFAULT_STEP_TIMEOUT, _AsyncVectorEnv
 from recurrl.envs.utils import get_reset_mask, reset_mask_any_all
 
 __all__ = ["GymVecEnv"]
@@ -31,39 +31,35 @@ __all__ = ["GymVecEnv"]
 _VECTORIZATIONS = ("sync", "async")
 
 
-class _RemoteTraceback(Exception):
-    """Carries a worker's formatted traceback as the ``__cause__`` of the re-raised error.
+class _Default:
+    """The ``step_timeout`` not given: :data:`DEFAULT_STEP_TIMEOUT` for async, none for sync."""
 
-    The pattern of ``concurrent.futures.process``: Python prints it above the error.
-    """
-
-    def __init__(self, traceback_text: str) -> None:
-        super().__init__(traceback_text)
-        self.traceback_text = traceback_text
-
-    def __str__(self) -> str:
-        return self.traceback_text
+    def __repr__(self) -> str:
+        return f"<default: {DEFAULT_STEP_TIMEOUT} s with vectorization='async'>"
 
 
-class _AsyncVectorEnv(AsyncVectorEnv):
-    """AsyncVectorEnv whose worker errors keep the worker's traceback.
+_DEFAULT = _Default()
 
-    Gymnasium only logs the worker traceback and raises ``type(err)(err)`` in the main
-    process; we raise the worker's exception with the traceback attached as its cause.
-    """
 
-    def _raise_if_errors(self, successes: Iterable[bool]) -> None:
-        successes = list(successes)
-        if all(successes):
-            return
-        errors = [self.error_queue.get() for _ in range(len(successes) - sum(successes))]
-        for index, *_ in errors:  # the worker has exited; forget its pipe (as gymnasium)
-            self.parent_pipes[index].close()
-            self.parent_pipes[index] = None
-        self._state = AsyncState.DEFAULT
-        index, exc_type, value, trace = errors[-1]
-        exc = value if isinstance(value, BaseException) else exc_type(value)
-        raise exc from _RemoteTraceback(f"\n\nTraceback in gymnasium worker {index}:\n{trace}")
+def _step_timeout(step_timeout: Any, vectorization: str, from_id: bool) -> float | None:
+    """The async workers' answer timeout, validated; sync envs and instances take none."""
+    if isinstance(step_timeout, _Default):
+        return DEFAULT_STEP_TIMEOUT
+    if not from_id or vectorization != "async":
+        given = "a VectorEnv instance" if not from_id else f"vectorization={vectorization!r}"
+        raise ValueError(
+            f"GymVecEnv: step_timeout bounds the wait on worker processes and needs an env id "
+            f"with vectorization='async', received {given}. Fix: remove step_timeout."
+        )
+    if step_timeout is None:
+        return None
+    valid = isinstance(step_timeout, (int, float)) and not isinstance(step_timeout, bool)
+    if not valid or not (0 < step_timeout < math.inf):
+        raise ValueError(
+            f"GymVecEnv: expected step_timeout a number of seconds > 0 (or None to wait "
+            f"forever), received {step_timeout!r}."
+        )
+    return float(step_timeout)
 
 
 def _make_vector(
@@ -72,6 +68,7 @@ def _make_vector(
     vectorization: str,
     vector_kwargs: dict[str, Any],
     make_kwargs: dict[str, Any],
+    step_timeout: float | None,
 ) -> VectorEnv:
     import_env_package(env_id)
     try:
@@ -85,7 +82,7 @@ def _make_vector(
     kwargs = {**vector_kwargs, "autoreset_mode": AutoresetMode.DISABLED}
     if vectorization == "sync":
         return SyncVectorEnv(env_fns, **kwargs)
-    return _AsyncVectorEnv(env_fns, **kwargs)
+    return _AsyncVectorEnv(env_fns, step_timeout=step_timeout, **kwargs)
 
 
 class GymVecEnv(GymEnv):
@@ -106,13 +103,25 @@ class GymVecEnv(GymEnv):
 
     Args:
         env_name_or_instance: a registered env id, or a gymnasium ``VectorEnv`` built with
-            ``autoreset_mode=AutoresetMode.DISABLED``.
+            ``autoreset_mode=AutoresetMode.DISABLED`` (used as given: the worker safeguards
+            below apply to async envs built here from an id).
         num_envs: number of sub-envs (required with an env id).
         vectorization: ``"sync"`` (all sub-envs in this process) or ``"async"`` (one worker
-            process per sub-env; a worker's exception is re-raised here with the worker
-            traceback as its ``__cause__``). :meth:`close` stops the workers.
+            process per sub-env). With ``"async"``: a worker's exception is re-raised here
+            with the worker traceback as its ``__cause__``; a worker that dies (e.g. SIGKILL
+            from the out-of-memory killer) raises
+            :class:`~recurrl.envs.gym_async.WorkerDiedError` naming its index, pid and
+            signal or exit code; after either, or a timeout, every worker is stopped and the
+            env is closed. :meth:`close` stops the workers with bounded waits (ask, then
+            SIGTERM, then SIGKILL) and always returns. Workers die with this process, even
+            when it is SIGKILLed (see ``docs/implementation_details.md``).
         vector_kwargs: more arguments of ``SyncVectorEnv`` / ``AsyncVectorEnv`` (e.g.
-            ``context``, ``shared_memory``); ``autoreset_mode`` is fixed.
+            ``context``, ``shared_memory``); ``autoreset_mode`` and ``worker`` are fixed.
+        step_timeout: async only: seconds each worker may take to answer one reset or step
+            (its first answer includes making its env). A worker that does not answer in
+            time raises ``TimeoutError`` naming it, and every worker is killed. ``None``
+            waits forever; default :data:`~recurrl.envs.gym_async.DEFAULT_STEP_TIMEOUT`
+            (300 s).
         device: device of the tensors written.
         categorical_action_encoding: see :class:`~recurrl.envs.GymEnv`.
         seed: optional seed for the first reset.
@@ -128,6 +137,13 @@ class GymVecEnv(GymEnv):
         >>> data.batch_size
         torch.Size([3, 40])
         >>> env.close()
+
+        One worker process per sub-env, each answer awaited at most 60 s:
+
+        >>> env = GymEnv("CartPole-v1", num_envs=2, vectorization="async", step_timeout=60)
+        >>> env.rollout(3).batch_size
+        torch.Size([2, 3])
+        >>> env.close()
     """
 
     def __init__(
@@ -137,6 +153,7 @@ class GymVecEnv(GymEnv):
         num_envs: int | None = None,
         vectorization: str = "sync",
         vector_kwargs: dict[str, Any] | None = None,
+        step_timeout: float | _Default | None = _DEFAULT,
         device: torch.device | str = "cpu",
         categorical_action_encoding: bool = True,
         seed: int | None = None,
@@ -153,8 +170,14 @@ class GymVecEnv(GymEnv):
                 "GymVecEnv: autoreset_mode is fixed to AutoresetMode.DISABLED (recurrl resets "
                 "finished envs itself, through env.reset(td) with '_reset'); remove it."
             )
+        if "worker" in vector_kwargs:
+            raise ValueError(
+                "GymVecEnv: the async worker function is recurrl's (gymnasium's worker in a "
+                "process that dies with this one); remove 'worker' from vector_kwargs."
+            )
+        timeout = _step_timeout(step_timeout, vectorization, isinstance(env_name_or_instance, str))
         envs = self._vector_env(
-            env_name_or_instance, num_envs, vectorization, vector_kwargs, make_kwargs
+            env_name_or_instance, num_envs, vectorization, vector_kwargs, make_kwargs, timeout
         )
         EnvBase.__init__(self, device=device, batch_size=(envs.num_envs,))
         self._env = envs
@@ -179,11 +202,14 @@ class GymVecEnv(GymEnv):
         vectorization: str,
         vector_kwargs: dict[str, Any],
         make_kwargs: dict[str, Any],
+        step_timeout: float | None,
     ) -> VectorEnv:
         if isinstance(env, str):
             if num_envs is None or int(num_envs) < 1:
                 raise ValueError(f"GymVecEnv: expected num_envs >= 1, received {num_envs}.")
-            return _make_vector(env, int(num_envs), vectorization, vector_kwargs, make_kwargs)
+            return _make_vector(
+                env, int(num_envs), vectorization, vector_kwargs, make_kwargs, step_timeout
+            )
         if not isinstance(env, VectorEnv):
             raise TypeError(
                 f"GymVecEnv: expected a gymnasium env id (str) or a gymnasium VectorEnv, "

@@ -443,13 +443,14 @@ gymnasium.register(id="RecurrlTestCrash-v0", entry_point=CrashEnv)
 
 
 @needs_batched_gym
-def test_async_gym_workers_feed_one_policy_and_shut_down():
+def test_async_gym_workers_feed_one_policy_and_shut_down(fail_after):
     lstm, policy = make_policy(obs_dim=4)
     before = set(multiprocessing.active_children())  # other tests' processes are not ours
     env = GymEnv("CartPole-v1", num_envs=3, vectorization="async")
     collector = Collector(env, policy, frames_per_batch=60, total_frames=120)
     assert len(set(multiprocessing.active_children()) - before) == 3
-    batches = list(collector)
+    with fail_after(60):
+        batches = list(collector)
     assert [b.batch_size for b in batches] == [torch.Size([3, 20])] * 2
     data = torch.cat(batches, dim=1)
     is_init = data["is_init"].squeeze(-1)
@@ -457,20 +458,39 @@ def test_async_gym_workers_feed_one_policy_and_shut_down():
     with set_recurrent_mode(True):
         replay = lstm(data.exclude("features"))
     torch.testing.assert_close(replay["features"], data["features"], atol=1e-5, rtol=1e-4)
-    collector.shutdown()
+    with fail_after(30):
+        collector.shutdown()
     assert set(multiprocessing.active_children()) - before == set()
 
 
 @needs_batched_gym
-def test_async_worker_crash_raises_with_worker_traceback():
+def test_async_worker_crash_raises_with_worker_traceback(fail_after):
     before = set(multiprocessing.active_children())
     collector = Collector(
         GymEnv("RecurrlTestCrash-v0", num_envs=2, vectorization="async"), None, frames_per_batch=10
     )
-    with pytest.raises(ValueError, match="worker boom") as err:
+    with fail_after(30), pytest.raises(ValueError, match="worker boom") as err:
         next(iter(collector))
     # the worker's own frame (CrashEnv.step, run in the subprocess) is in the traceback
     text = "".join(traceback.format_exception(err.value))
     assert re.search(r'test_collector\.py", line \d+, in step\n', text), text
     collector.shutdown()
+    assert set(multiprocessing.active_children()) - before == set()
+
+
+@needs_batched_gym
+def test_shutdown_returns_after_a_worker_was_killed(fail_after):
+    import recurrl.testing.gym_envs  # noqa: F401  (registers RecurrlFaulty-v0)
+    from recurrl.envs.gym_async import WorkerDiedError
+
+    before = set(multiprocessing.active_children())
+    env = GymEnv(
+        "RecurrlFaulty-v0", num_envs=2, vectorization="async", fault="sigkill", fault_step=3
+    )
+    collector = Collector(env, None, frames_per_batch=10)
+    with fail_after(30):
+        with pytest.raises(WorkerDiedError, match=r"died, killed by signal SIGKILL"):
+            next(iter(collector))
+        collector.shutdown()
+        collector.shutdown()  # idempotent
     assert set(multiprocessing.active_children()) - before == set()

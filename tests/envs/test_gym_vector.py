@@ -108,8 +108,22 @@ class TestConstruction:
             GymEnv("NoSuchEnv-v0", num_envs=2)
         with pytest.raises(TypeError, match="need num_envs"):
             GymEnv("CartPole-v1", vectorization="async")
+        with pytest.raises(TypeError, match=r"\['step_timeout'\] need num_envs"):
+            GymEnv("CartPole-v1", step_timeout=5)
         with pytest.raises(TypeError, match="gymnasium VectorEnv"):
             GymVecEnv(gymnasium.make("CartPole-v1"))
+
+    def test_step_timeout_and_worker_errors(self):
+        with pytest.raises(ValueError, match="needs an env id with vectorization='async'"):
+            GymEnv("CartPole-v1", num_envs=2, step_timeout=5)
+        for bad in (0, -1.0, float("inf"), True, "10"):
+            with pytest.raises(ValueError, match="step_timeout a number of seconds > 0"):
+                GymEnv("CartPole-v1", num_envs=2, vectorization="async", step_timeout=bad)
+        with pytest.raises(ValueError, match="remove 'worker'"):
+            GymEnv("CartPole-v1", num_envs=2, vectorization="async", vector_kwargs={"worker": 1})
+        vec = SyncVectorEnv([EpisodeCounterEnv] * 2, autoreset_mode=AutoresetMode.DISABLED)
+        with pytest.raises(ValueError, match="received a VectorEnv instance"):
+            GymVecEnv(vec, step_timeout=5)
 
     def test_vector_instance_needs_disabled_autoreset(self):
         vec = gymnasium.make_vec("CartPole-v1", 2, vectorization_mode="sync")
@@ -260,36 +274,47 @@ class TestSeeding:
 
 
 class TestAsync:
-    def test_matches_sync_and_close_stops_workers(self):
+    @pytest.mark.parametrize(("given", "expected"), [({}, 300.0), ({"step_timeout": None}, None)])
+    def test_step_timeout_reaches_the_workers(self, given, expected):
+        env = GymEnv("CartPole-v1", num_envs=2, vectorization="async", **given)
+        assert env.env.step_timeout == expected
+        assert all(pipe.timeout == expected for pipe in env.env.parent_pipes)
+        env.close()
+
+    def test_matches_sync_and_close_stops_workers(self, fail_after):
         sync = GymEnv("CartPole-v1", num_envs=2, seed=0)
         env = GymEnv("CartPole-v1", num_envs=2, vectorization="async", seed=0)
         torch.manual_seed(0)
         expected = sync.rollout(25, break_when_any_done=False)
         torch.manual_seed(0)
-        data = env.rollout(25, break_when_any_done=False)
+        with fail_after(30):
+            data = env.rollout(25, break_when_any_done=False)
         assert (data == expected).all()
         processes = list(env.env.processes)
         assert all(p.is_alive() for p in processes)
-        env.close()
+        with fail_after(30):
+            env.close()
         assert env.is_closed and not any(p.is_alive() for p in processes)
 
-    def test_worker_exception_surfaces_with_traceback(self):
+    def test_worker_exception_surfaces_with_traceback(self, fail_after):
         env = GymEnv("RecurrlTestRaising-v0", num_envs=2, vectorization="async", seed=0)
         processes = list(env.env.processes)
-        td = env.step_mdp(env.step(env.rand_action(env.reset())))
-        with pytest.raises(ValueError, match="boom in step") as info:
-            env.step(env.rand_action(td))
+        with fail_after(30):
+            td = env.step_mdp(env.step(env.rand_action(env.reset())))
+            with pytest.raises(ValueError, match="boom in step") as info:
+                env.step(env.rand_action(td))
         cause = str(info.value.__cause__)
         assert "Traceback in gymnasium worker" in cause
         assert "in step" in cause and "RaisingEnv: boom in step" in cause
         env.close()
         assert not any(p.is_alive() for p in processes)
 
-    def test_partial_reset(self):
+    def test_partial_reset(self, fail_after):
         env = GymEnv("RecurrlTestEpisodeCounter-v0", num_envs=2, vectorization="async", seed=1)
         sync = GymEnv("RecurrlTestEpisodeCounter-v0", num_envs=2, seed=1)
         torch.manual_seed(0)
-        data = env.rollout(10, break_when_any_done=False)
+        with fail_after(30):
+            data = env.rollout(10, break_when_any_done=False)
         torch.manual_seed(0)
         assert (data == sync.rollout(10, break_when_any_done=False)).all()
         assert data["next", "done"].any()
