@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 
 import pytest
@@ -10,17 +9,8 @@ import torch
 from tensordict import TensorDict
 
 from recurrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer, SliceSampler
+from tests._planted import Planted
 from tests.data._fake import FakeCollector
-
-
-class Planted:
-    """Unpickling this creates the directory ``marker``: proof that pickle ran code."""
-
-    def __init__(self, marker) -> None:
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (os.mkdir, (self.marker,))
 
 
 def test_the_planted_object_runs_when_unpickled(tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import pickle
 import random
 import shutil
@@ -22,6 +21,7 @@ from recurrl.trainers.errors import CheckpointError
 from recurrl.trainers.evaluate import load_config
 from recurrl.trainers.logger import read_metrics
 from recurrl.trainers.ppo import PPOTrainer
+from tests._planted import Planted
 
 from ._helpers import run_cli
 
@@ -29,16 +29,6 @@ TINY = [
     "--num-envs", "2", "--frames", "256", "--frames-per-batch", "128", "--num-minibatches", "2",
     "--epochs", "2", "--hidden-size", "8", "--quiet", "--no-plot", "--no-tensorboard",
 ]  # fmt: skip
-
-
-class Planted:
-    """Unpickling this creates the directory ``marker``: proof that pickle ran code."""
-
-    def __init__(self, marker) -> None:
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (os.mkdir, (self.marker,))
 
 
 def test_the_planted_object_runs_when_unpickled(tmp_path):
