@@ -49,3 +49,29 @@ def fail_after():
             signal.signal(signal.SIGALRM, previous)
 
     return guard
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray cluster for the whole test run (start-up is paid once).
+
+    Always a cluster started here, on this machine: never an address from the environment
+    (``RAY_ADDRESS`` is cleared). Tests that need Ray take this fixture; they are skipped
+    when the ``ray`` extra is not installed.
+    """
+    import os
+
+    ray = pytest.importorskip("ray")
+    os.environ.pop("RAY_ADDRESS", None)
+    started = not ray.is_initialized()
+    if started:
+        ray.init(
+            num_cpus=4,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+            namespace="recurrl-tests",
+        )
+    yield ray
+    if started:
+        ray.shutdown()
