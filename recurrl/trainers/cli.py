@@ -196,6 +196,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                 f"--algo {section}, or drop {_flag(name)}."
             )
         data[algo if section == _ALGO else section][name] = value
+    _ray_options(options, data)
     if resume:
         # where the run lies now: a moved or copied directory resumes in its new place
         given = options.get(f"run{_SEP}run_dir")
@@ -212,6 +213,24 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         return TrainConfig.from_dict(data)
     except (TypeError, ValueError) as err:  # the config's own checks: the user's options
         raise UsageError(str(err)) from err
+
+
+def _ray_options(options: dict[str, Any], data: dict[str, Any]) -> None:
+    """Options of the Ray collector given without it are a mistake, not ignored; a given
+    ``--envs-per-worker`` without ``--num-envs`` sets the total number of envs."""
+    env = data["env"]
+    if env["collector"] != "ray":
+        given = [n for n in ("workers", "envs_per_worker") if f"env{_SEP}{n}" in options]
+        if given:
+            flags = " ".join(_flag(n) for n in given)
+            raise UsageError(
+                f"{flags} only apply with --collector ray (the run uses the {env['collector']} "
+                f"collector). Fix: add --collector ray, or drop {flags}."
+            )
+        return
+    per = options.get(f"env{_SEP}envs_per_worker")
+    if per is not None and f"env{_SEP}num_envs" not in options and isinstance(per, int):
+        env["num_envs"] = env["workers"] * per
 
 
 def _shown(name: str, value: Any) -> str:

@@ -109,13 +109,50 @@ class EnvConfig:
     """Envs stepped together (a gymnasium SyncVectorEnv)."""
     max_episode_steps: int | None = None
     """Episode length limit (truncation); None keeps the env's own limit."""
+    collector: Literal["local", "ray"] = "local"
+    """Who steps the envs: local (this process) or ray (--workers Ray actors, each stepping
+    its share of the num_envs envs; needs the ray extra, see the README's Scaling out)."""
+    workers: int = 2
+    """Remote collectors (Ray actors) with --collector ray."""
+    envs_per_worker: int | None = None
+    """Envs each Ray worker steps (num_envs = workers * envs_per_worker); None: num_envs /
+    workers."""
 
     def __post_init__(self) -> None:
         _finite(self)
-        _positive("EnvConfig", num_envs=self.num_envs)
+        _positive("EnvConfig", num_envs=self.num_envs, workers=self.workers)
         if self.max_episode_steps is not None:
             _positive("EnvConfig", max_episode_steps=self.max_episode_steps)
+        if self.envs_per_worker is not None:
+            _positive("EnvConfig", envs_per_worker=self.envs_per_worker)
+        if self.collector == "ray":
+            self.worker_envs()  # validates the split
         self.gym_id()  # validates the id
+
+    def worker_envs(self) -> int:
+        """Envs per Ray worker: ``envs_per_worker``, or ``num_envs / workers``.
+
+        Examples:
+            >>> EnvConfig(num_envs=8, collector="ray", workers=4).worker_envs()
+            2
+        """
+        per = self.envs_per_worker
+        if per is None:
+            if self.num_envs % self.workers:
+                raise ValueError(
+                    f"EnvConfig: num_envs={self.num_envs} does not split over workers="
+                    f"{self.workers} Ray workers (each steps the same number of envs). Fix: "
+                    f"--num-envs {max(1, self.num_envs // self.workers) * self.workers}, or "
+                    f"--envs-per-worker K for num_envs = workers * K."
+                )
+            return self.num_envs // self.workers
+        if per * self.workers != self.num_envs:
+            raise ValueError(
+                f"EnvConfig: workers={self.workers} x envs_per_worker={per} = "
+                f"{self.workers * per} envs, but num_envs={self.num_envs}. Fix: --num-envs "
+                f"{self.workers * per}, or drop --num-envs (it then follows --envs-per-worker)."
+            )
+        return per
 
     def gym_id(self) -> str:
         """The gymnasium id behind :attr:`env` (built-in masked envs resolve to their base)."""
@@ -390,6 +427,10 @@ class RunConfig:
     evaluation (`recurrl eval` runs it later)."""
     quiet: bool = False
     """Do not print a progress line per batch."""
+    ray_address: str | None = None
+    """With --collector ray: the Ray cluster to join (auto: the one `ray start --head` runs on
+    this machine; ray://host:10001 for a remote head). None: start a local Ray for the run
+    and stop it at the end."""
     save_simulator: bool = False
     """Also store the gymnasium simulators in checkpoint.pt (as a pickle), so that `recurrl
     train --resume RUN_DIR --trust-checkpoint` continues the interrupted episodes and
@@ -439,11 +480,26 @@ class TrainConfig:
                 f"env steps the same number of times). Fix: --frames-per-batch "
                 f"{max(1, fpb // n) * n} or another --num-envs."
             )
+        self._check_collector()
         if self.algo == "ppo":
             self._check_ppo()
         else:
             self._check_dqn()
         self._check_action_space()
+
+    def _check_collector(self) -> None:
+        if self.env.collector == "ray":
+            if self.run.save_simulator:
+                raise ValueError(
+                    "TrainConfig: save_simulator is not available with collector=ray (the "
+                    "simulators live in the Ray workers). Fix: drop --save-simulator; a resumed "
+                    "run then starts new episodes."
+                )
+        elif self.run.ray_address is not None:
+            raise ValueError(
+                f"TrainConfig: ray_address={self.run.ray_address!r} needs collector=ray. Fix: "
+                f"add --collector ray, or drop --ray-address."
+            )
 
     def _check_ppo(self) -> None:
         n = self.env.num_envs
@@ -582,7 +638,7 @@ def _check_entries(cls: type, data: Any, where: str) -> None:
 RESUMABLE: frozenset[str] = frozenset({
     "ppo.frames", "dqn.frames", "run.run_dir", "run.device", "run.checkpoint_every",
     "run.num_threads", "run.tensorboard", "run.plot", "run.eval_episodes", "run.quiet",
-    "run.save_simulator",
+    "run.save_simulator", "run.ray_address",
 })  # fmt: skip
 
 
