@@ -47,6 +47,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from recurrl.collectors import Collector
 from recurrl.data._files import weights_only_reason
 from recurrl.trainers.errors import CheckpointError
 
@@ -362,12 +363,39 @@ def restore(state: dict[str, Any], trainer: Any, *, trust: bool = False) -> None
         ) from err
 
 
+def _restore_remote(collector: Any, saved: dict[str, Any], path: Path) -> None:
+    """A Ray collector's state: counters, ids and weights version; its workers' envs start
+    new episodes (their simulators live in the workers and are never stored)."""
+    warnings.warn(
+        f"resume: the Ray workers' envs start new episodes (simulators are not stored with "
+        f"--collector ray): the run in {path.parent} goes on from its checkpoint but does not "
+        f"replay an uninterrupted one exactly.",
+        stacklevel=5,
+    )
+    saved = dict(saved)
+    saved["collectors"] = [
+        {**worker, "collector": {**worker["collector"], "root": None}}
+        for worker in saved["collectors"]
+    ]
+    collector.load_state_dict(saved)
+
+
 def _restore(state: dict[str, Any], trainer: Any, path: Path, trust: bool) -> None:
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     collector = trainer.collector
-    restored = _restore_simulator(collector.env, state["simulator"], path, trust)
     saved = dict(state["collector"])
+    remote = "collectors" in saved
+    if remote == isinstance(collector, Collector):
+        raise CheckpointError(
+            f"{path} was written with the {'ray' if remote else 'local'} collector, this run "
+            f"uses the other one. Fix: resume with the config.json saved next to it."
+        )
+    if remote:
+        _restore_remote(collector, saved, path)
+        _restore_common(state, trainer)
+        return
+    restored = _restore_simulator(collector.env, state["simulator"], path, trust)
     if not restored:
         # The carried root (hidden states included) belongs to the saved episodes: without
         # their simulators the next batch starts with a reset (trajectory ids stay unique).
@@ -377,6 +405,10 @@ def _restore(state: dict[str, Any], trainer: Any, path: Path, trust: bool) -> No
             collector.env.load_state_dict(env_state)
         saved["root"] = None
     collector.load_state_dict(saved, env_restored=restored)
+    _restore_common(state, trainer)
+
+
+def _restore_common(state: dict[str, Any], trainer: Any) -> None:
     trainer.batches = int(state["batches"])
     trainer.recent.clear()
     trainer.recent.extend(state["recent_returns"])

@@ -49,11 +49,11 @@ from tensordict.nn import TensorDictModule as Mod
 from tensordict.nn import TensorDictSequential as Seq
 from torch import nn
 
-from recurrl.collectors import Collector
-from recurrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
+from recurrl.data import LazyTensorStorage, SliceSampler
 from recurrl.modules import MLP
 from recurrl.objectives import DQNLoss, HardUpdate, SoftUpdate
 from recurrl.trainers import checkpoint as ckpt
+from recurrl.trainers.collection import make_collector, make_replay_buffer, next_batch
 from recurrl.trainers.config import ModelConfig, TrainConfig
 from recurrl.trainers.logger import MetricsLogger, plot_learning_curve
 from recurrl.trainers.models import _trunk, make_env
@@ -69,14 +69,36 @@ class EpsilonGreedy(nn.Module):
     """``action_value [*B, A] -> action [*B]``: argmax, or a uniform action with probability
     ``epsilon`` (torch's global RNG). Set :attr:`epsilon` between calls to anneal it.
 
+    ``epsilon`` is kept in a buffer, so it is part of the policy's ``state_dict()`` and
+    travels with the weights a :class:`~recurrl.collectors.RayCollector` sends to its
+    workers. A state dict written before it was a buffer (without the entry) loads and keeps
+    the current value.
+
     Examples:
-        >>> EpsilonGreedy(0.0)(torch.tensor([[0.1, 0.7], [0.3, -1.0]]))
+        >>> greedy = EpsilonGreedy(0.0)
+        >>> greedy(torch.tensor([[0.1, 0.7], [0.3, -1.0]]))
         tensor([1, 0])
+        >>> greedy.epsilon = 0.25
+        >>> greedy.state_dict()["eps"]
+        tensor(0.2500)
     """
 
     def __init__(self, epsilon: float = 0.0) -> None:
         super().__init__()
-        self.epsilon = epsilon
+        self.register_buffer("eps", torch.tensor(float(epsilon)))
+
+    @property
+    def epsilon(self) -> float:
+        """The probability of a uniform action."""
+        return float(self.eps)
+
+    @epsilon.setter
+    def epsilon(self, value: float) -> None:
+        self.eps.fill_(float(value))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        state_dict.setdefault(prefix + "eps", self.eps.detach().clone())
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, action_value: torch.Tensor) -> torch.Tensor:
         greedy = action_value.argmax(-1)
@@ -199,17 +221,21 @@ class DQNTrainer:
             )
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=d.lr)
         self.policy = self.model.policy(d.eps_start)
-        self.collector = Collector(
-            self.env, self.policy, frames_per_batch=d.frames_per_batch,
-            total_frames=d.frames, device=self.device,
-        )  # fmt: skip
-        self.buffer = TensorDictReplayBuffer(
+        # --collector ray: the buffer lives in a Ray actor and the workers write to it
+        self.remote = cfg.env.collector == "ray"
+        self.buffer = make_replay_buffer(
+            cfg,
             storage=LazyTensorStorage(d.buffer_size),
             sampler=SliceSampler(
                 slice_len=d.slice_len, strict_length=False, min_slice_len=d.burn_in + 1
             ),
             batch_size=d.num_slices * d.slice_len,
         )
+        self.collector = make_collector(
+            cfg, self.env, self.policy, frames_per_batch=d.frames_per_batch,
+            total_frames=d.frames, device=self.device,
+            replay_buffer=self.buffer if self.remote else None,
+        )  # fmt: skip
         self.recent: deque[float] = deque(maxlen=RECENT_EPISODES)
         self.batches = 0
         self.normalized = False  # obs_norm fitted (its buffers are in the checkpoint)
@@ -243,10 +269,30 @@ class DQNTrainer:
     # ------------------------------------------------------------------ one batch
     def _set_epsilon(self) -> float:
         eps = epsilon_at(self.cfg.dqn, self.collector.frames)
-        for m in self.collector.policy.modules():  # type: ignore[union-attr]
+        # the Ray workers get it with the weights (a buffer of EpsilonGreedy)
+        policy = self.policy if self.remote else self.collector.policy
+        for m in policy.modules():  # type: ignore[union-attr]
             if isinstance(m, EpsilonGreedy):
                 m.epsilon = eps
         return eps
+
+    def _fit_obs_norm(self) -> None:
+        """Fit :attr:`QNetwork.obs_norm` to the warm-up frames (epsilon ~ 1: a nearly random
+        policy); frozen from then on. A Ray buffer's frames are not in this process: they are
+        estimated from ``len(buffer)`` replayed steps (slices drawn with replacement)."""
+        if self.remote:
+            rows, drawn = [], 0
+            while drawn < len(self.buffer):
+                rows.append(self.buffer.sample()["observation"])
+                drawn += rows[-1].shape[0]
+            observations = torch.cat(rows)
+        else:
+            observations = self.buffer.storage.data["observation"][: len(self.buffer)]
+        self.model.obs_norm.fit(observations)
+        self.loss.target_value_network.load_state_dict(  # type: ignore[union-attr]
+            self.model.q.state_dict()
+        )
+        self.normalized = True
 
     def update(self) -> dict[str, float]:
         """``updates_per_batch`` updates on replayed slices; returns mean diagnostics."""
@@ -274,17 +320,15 @@ class DQNTrainer:
         """Store ``batch``, update if enough frames were collected; the metrics row."""
         returns = _episode_returns(batch)
         self.recent.extend(returns)
-        self.buffer.extend(batch.exclude(*_NOT_STORED))
+        if not self.remote:  # Ray workers wrote their batch into the buffer themselves
+            self.buffer.extend(batch.exclude(*_NOT_STORED))
         learning = self.collector.frames >= self.cfg.dqn.learning_starts
         if learning and self.cfg.dqn.obs_norm and not self.normalized:
-            # statistics of the warm-up frames (epsilon ~ 1: a nearly random policy), frozen
-            self.model.obs_norm.fit(self.buffer.storage.data["observation"][: len(self.buffer)])
-            self.loss.target_value_network.load_state_dict(  # type: ignore[union-attr]
-                self.model.q.state_dict()
-            )
-            self.normalized = True
+            self._fit_obs_norm()
         stats = self.update() if learning else dict.fromkeys(
             ("loss", "td_error", "grad_norm"), math.nan)  # fmt: skip
+        if self.remote and not learning:
+            self.collector.update_policy_weights_()  # epsilon decays during the warm-up too
         self.batches += 1
         return {
             "frames": self.collector.frames,
@@ -312,7 +356,7 @@ class DQNTrainer:
         limit = d.frames if stop_after is None else min(stop_after, d.frames)
         while self.collector.frames < limit:
             eps = self._set_epsilon()
-            row = self._step(self.collector.rollout())
+            row = self._step(next_batch(self))
             frames = self.collector.frames
             elapsed = time.perf_counter() - start
             row.update(epsilon=eps, fps=(frames - start_frames) / max(elapsed, 1e-9),
@@ -333,6 +377,8 @@ class DQNTrainer:
                 break
         self.logger.close()
         self.collector.shutdown()
+        if self.remote:
+            self.buffer.shutdown()
         if cfg.run.plot and self.collector.frames >= d.frames:
             plot_learning_curve(self.run_dir, title=f"DQN {cfg.model.memory} on {cfg.env.env}")
         return self.run_dir

@@ -2,9 +2,10 @@
 
 One batch of the loop (:func:`train`):
 
-1. the :class:`~recurrl.collectors.Collector` runs the policy (sequential mode, one step at a
-   time) in ``N`` envs for ``T`` steps; actions are sampled and their log-probabilities
-   stored; hidden states ride in the TensorDict;
+1. the :class:`~recurrl.collectors.Collector` (or, with ``--collector ray``, a
+   :class:`~recurrl.collectors.RayCollector` of Ray workers) runs the policy (sequential
+   mode, one step at a time) in ``N`` envs for ``T`` steps; actions are sampled and their
+   log-probabilities stored; hidden states ride in the TensorDict;
 2. :class:`~recurrl.objectives.GAE` runs the critic over the whole ``[N, T]`` batch in
    recurrent mode and writes ``"advantage"`` / ``"value_target"``;
 3. ``epochs`` passes over the batch cut into ``num_minibatches`` random sets of whole env
@@ -30,9 +31,9 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from recurrl.collectors import Collector
 from recurrl.objectives import GAE, ClipPPOLoss
 from recurrl.trainers import checkpoint as ckpt
+from recurrl.trainers.collection import make_collector, next_batch
 from recurrl.trainers.config import TrainConfig
 from recurrl.trainers.logger import MetricsLogger, plot_learning_curve
 from recurrl.trainers.models import ActorCritic, make_env
@@ -112,8 +113,8 @@ class PPOTrainer:
             normalize_advantage=p.normalize_advantage,
         )  # fmt: skip
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=p.lr, eps=1e-5)
-        self.collector = Collector(
-            self.env, self.model.policy(), frames_per_batch=p.frames_per_batch,
+        self.collector = make_collector(
+            cfg, self.env, self.model.policy(), frames_per_batch=p.frames_per_batch,
             total_frames=p.frames, device=self.device,
         )  # fmt: skip
         self.recent: deque[float] = deque(maxlen=RECENT_EPISODES)
@@ -183,7 +184,7 @@ class PPOTrainer:
         while self.collector.frames < limit:
             self._set_schedules()
             lr = self.optimizer.param_groups[0]["lr"]
-            batch = self.collector.rollout()
+            batch = next_batch(self)
             returns = _episode_returns(batch)
             self.recent.extend(returns)
             stats = self.update(batch)

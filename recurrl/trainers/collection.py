@@ -1,0 +1,121 @@
+"""The recipes' collector: recurrl's :class:`~recurrl.collectors.Collector` in this process, or
+a :class:`~recurrl.collectors.RayCollector` of ``--workers`` Ray actors (``--collector ray``).
+
+Both yield the same ``[num_envs, T]`` batches (the Ray one concatenates its workers' rows,
+worker 0's envs first), so the recipes' updates do not change with the collector.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from tensordict import TensorDictBase
+
+from recurrl.collectors import Collector
+from recurrl.data import TensorDictReplayBuffer
+from recurrl.envs import EnvBase
+from recurrl.trainers.config import TrainConfig
+from recurrl.trainers.errors import UsageError
+from recurrl.trainers.models import make_env
+
+__all__ = ["make_collector", "make_replay_buffer", "next_batch", "ray_init_config"]
+
+
+def ray_init_config(cfg: TrainConfig) -> dict[str, Any]:
+    """``ray.init`` arguments of a run: join ``cfg.run.ray_address``, or start a local Ray
+    with a CPU per worker at least (Ray's logs kept to warnings, no dashboard).
+
+    Examples:
+        >>> from recurrl.trainers.config import EnvConfig, RunConfig
+        >>> cfg = TrainConfig(env=EnvConfig(collector="ray", workers=4),
+        ...                   run=RunConfig(ray_address="auto"))
+        >>> ray_init_config(cfg)
+        {'address': 'auto', 'logging_level': 30}
+    """
+    quiet = {"logging_level": logging.WARNING}
+    if cfg.run.ray_address is not None:
+        return {"address": cfg.run.ray_address, **quiet}
+    cpus = max(cfg.env.workers, os.cpu_count() or 1)
+    return {"num_cpus": cpus, "include_dashboard": False, **quiet}
+
+
+def make_collector(
+    cfg: TrainConfig,
+    env: EnvBase,
+    policy: Any,
+    *,
+    frames_per_batch: int,
+    total_frames: int,
+    device: Any,
+    replay_buffer: Any = None,
+) -> Any:
+    """The collector ``cfg.env.collector`` asks for.
+
+    ``local``: ``Collector(env, policy, ...)`` steps ``env`` in this process. ``ray``: ``env``
+    (built by the recipe to read the specs) is closed, and ``cfg.env.workers`` Ray actors
+    each build ``make_env(cfg.env, num_envs=cfg.env.worker_envs())`` and collect with a CPU
+    copy of ``policy``; they are seeded ``cfg.run.seed + i * 1_000_003`` (distinct,
+    reproducible). With ``replay_buffer`` (a :class:`~recurrl.data.RayReplayBuffer`) the
+    workers write their batches there, asynchronously; otherwise batches are gathered from
+    every worker and the weights are sent after every batch (each batch is collected with
+    the weights of the moment the previous one was consumed: on-policy).
+    """
+    if cfg.env.collector == "local":
+        return Collector(
+            env, policy, frames_per_batch=frames_per_batch, total_frames=total_frames,
+            device=device,
+        )  # fmt: skip
+    env.close()
+    _require_ray()
+    from recurrl.collectors import RayCollector
+
+    collector = RayCollector(
+        functools.partial(make_env, cfg.env, num_envs=cfg.env.worker_envs()),
+        policy,
+        frames_per_batch=frames_per_batch,
+        total_frames=total_frames,
+        num_collectors=cfg.env.workers,
+        sync=replay_buffer is None,
+        ray_init_config=ray_init_config(cfg),
+        update_after_each_batch=replay_buffer is None,
+        replay_buffer=replay_buffer,
+    )
+    collector.set_seed(cfg.run.seed)
+    return collector
+
+
+def make_replay_buffer(cfg: TrainConfig, **kwargs: Any) -> Any:
+    """A :class:`~recurrl.data.TensorDictReplayBuffer` (``local``) or, with ``--collector
+    ray``, a :class:`~recurrl.data.RayReplayBuffer` in its own Ray actor (started with
+    :func:`ray_init_config`), which the workers write to directly; ``kwargs`` (storage,
+    sampler, batch_size, ...) are the same for both.
+    """
+    if cfg.env.collector == "local":
+        return TensorDictReplayBuffer(**kwargs)
+    _require_ray()
+    from recurrl.data import RayReplayBuffer
+
+    return RayReplayBuffer(**kwargs, ray_init_config=ray_init_config(cfg))
+
+
+def _require_ray() -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError as err:
+        raise UsageError(
+            '--collector ray needs Ray, which is not installed. Fix: pip install "recurrl[ray]" '
+            "(or drop --collector ray)."
+        ) from err
+
+
+def next_batch(trainer: Any) -> TensorDictBase | None:
+    """The next batch of ``trainer.collector`` (through one iterator kept on the trainer, so
+    a Ray collector's requests go on from batch to batch)."""
+    batches: Iterator[Any] | None = getattr(trainer, "_batches", None)
+    if batches is None:
+        batches = trainer._batches = iter(trainer.collector)
+    return next(batches)
