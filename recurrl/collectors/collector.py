@@ -76,6 +76,11 @@ class Collector:
         init_random_frames: take random actions instead of the policy for the batches that
             start before this many frames were collected (whole batches). A recurrent
             module does not run on those steps: its state keys keep the primer's zeros.
+        traj_id_offset: the first trajectory id handed out (default 0).
+        traj_id_stride: the step between the trajectory ids handed out (default 1): the
+            ``k``-th new trajectory gets ``traj_id_offset + traj_id_stride * k``. Collectors
+            given the same stride ``S`` and distinct offsets ``0 <= s < S`` (as
+            :class:`~recurrl.collectors.RayCollector` does) never share an id.
 
     Attributes:
         env: the env actually stepped (possibly a ``TransformedEnv`` wrapping the given one).
@@ -118,7 +123,10 @@ class Collector:
         reset_at_each_iter: bool = False,
         split_trajs: bool = False,
         init_random_frames: int | None = None,
+        traj_id_offset: int = 0,
+        traj_id_stride: int = 1,
     ) -> None:
+        _check_traj_id_layout(traj_id_offset, traj_id_stride)
         if not isinstance(env, EnvBase):
             if not callable(env):
                 raise TypeError(
@@ -173,7 +181,9 @@ class Collector:
         self._steps = frames_per_batch // n_envs
         self._time_dim = len(batch)
         self.frames = 0
-        self._next_traj_id = 0
+        self._next_traj_id = 0  # how many ids were handed out (k)
+        self.traj_id_offset = traj_id_offset
+        self.traj_id_stride = traj_id_stride
         self._traj_ids: torch.Tensor | None = None
         self._root: TensorDictBase | None = None
         self._closed = False
@@ -244,6 +254,8 @@ class Collector:
             )
         count = int(starts.sum())
         ids = torch.arange(self._next_traj_id, self._next_traj_id + count, device=starts.device)
+        if self.traj_id_stride != 1 or self.traj_id_offset:
+            ids = ids * self.traj_id_stride + self.traj_id_offset
         self._traj_ids = self._traj_ids.masked_scatter(starts, ids)
         self._next_traj_id += count
 
@@ -342,8 +354,9 @@ class Collector:
     def state_dict(self) -> dict[str, Any]:
         """What a new collector needs to continue exactly where this one stands.
 
-        Holds the frame counter, the trajectory-id counter and the current ids, the carried
-        root TensorDict (hidden states included), the env's ``state_dict()`` (its
+        Holds the frame counter, the trajectory-id counter (``next_traj_id``: how many ids
+        were handed out, with ``traj_id_offset`` / ``traj_id_stride``) and the current ids,
+        the carried root TensorDict (hidden states included), the env's ``state_dict()`` (its
         ``nn.Module`` buffers, e.g. of transforms) and the policy's ``state_dict()``.
 
         Limits: env state kept outside ``nn.Module`` buffers (a gymnasium simulator, a
@@ -354,6 +367,8 @@ class Collector:
         return {
             "frames": self.frames,
             "next_traj_id": self._next_traj_id,
+            "traj_id_offset": self.traj_id_offset,
+            "traj_id_stride": self.traj_id_stride,
             "traj_ids": None if self._traj_ids is None else self._traj_ids.clone(),
             "root": None if self._root is None else self._root.clone(),
             "env": self.env.state_dict(),
@@ -367,10 +382,16 @@ class Collector:
         ``state_dict`` (restored here), or ``env_restored=True`` when the caller has put the
         env back itself (e.g. ``GymEnv.load_simulator_state``). Otherwise the env cannot be put
         back where it was: the next batch starts with a reset, and trajectory ids go on
-        from the saved counter (they stay globally unique).
+        from the saved counter (they stay globally unique). The id layout
+        (``traj_id_offset`` / ``traj_id_stride``) is restored too; state dicts without it
+        load as 0 / 1.
         """
+        offset = int(state_dict.get("traj_id_offset", 0))
+        stride = int(state_dict.get("traj_id_stride", 1))
+        _check_traj_id_layout(offset, stride)
         self.frames = int(state_dict["frames"])
         self._next_traj_id = int(state_dict["next_traj_id"])
+        self.traj_id_offset, self.traj_id_stride = offset, stride
         if state_dict.get("policy") is not None and isinstance(self.policy, nn.Module):
             self.policy.load_state_dict(state_dict["policy"])
         env_state = state_dict.get("env") or {}
@@ -406,6 +427,25 @@ class Collector:
             f"{type(self).__name__}(env={type(self.env).__name__}(batch_size="
             f"{list(self.env.batch_size)}), frames_per_batch={self.frames_per_batch}, "
             f"total_frames={self.total_frames}, frames={self.frames})"
+        )
+
+
+def _check_traj_id_layout(offset: object, stride: object) -> None:
+    """Trajectory ids ``offset + stride * k``: ``stride >= 1`` and ``0 <= offset < stride``
+    (any ``offset >= 0`` with ``stride == 1``), so collectors with distinct offsets never clash."""
+    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+        raise ValueError(
+            f"Collector: expected traj_id_stride an int >= 1, received {stride!r}. Fix: the "
+            f"number of collectors sharing the id space (1 for a single collector)."
+        )
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"Collector: expected traj_id_offset an int >= 0, received {offset!r}.")
+    if stride > 1 and offset >= stride:
+        raise ValueError(
+            f"Collector: expected 0 <= traj_id_offset < traj_id_stride, received "
+            f"traj_id_offset={offset}, traj_id_stride={stride}: with offset >= stride the "
+            f"ids offset + stride * k would collide with those of the collector at offset "
+            f"{offset % stride}. Fix: traj_id_offset={offset % stride}, or a larger stride."
         )
 
 

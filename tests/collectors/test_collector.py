@@ -494,3 +494,51 @@ def test_shutdown_returns_after_a_worker_was_killed(fail_after):
         collector.shutdown()
         collector.shutdown()  # idempotent
     assert set(multiprocessing.active_children()) - before == set()
+
+
+# --- trajectory-id layout (offset / stride) ------------------------------------------------
+def test_traj_id_offset_and_stride():
+    _, _, plain = collect(2, frames_per_batch=12)
+    _, collector, strided = collect(2, frames_per_batch=12, traj_id_offset=2, traj_id_stride=5)
+    for a, b in zip(plain, strided, strict=True):
+        ids = a["collector", "traj_ids"]
+        assert b["collector", "traj_ids"].tolist() == (ids * 5 + 2).tolist()
+    state = collector.state_dict()
+    assert (state["traj_id_offset"], state["traj_id_stride"]) == (2, 5)
+    _, resumed, _ = collect(0)
+    resumed.load_state_dict(state)
+    assert (resumed.traj_id_offset, resumed.traj_id_stride) == (2, 5)
+    data = next(iter(resumed))  # restarted (CountingEnv has no env state): fresh ids
+    assert data["collector", "traj_ids"][:, 0].tolist() == [
+        2 + 5 * (state["next_traj_id"] + i) for i in range(3)
+    ]
+
+
+def test_old_state_dicts_without_traj_id_layout_load_as_0_1():
+    _, collector, _ = collect(1, traj_id_offset=1, traj_id_stride=3)
+    state = collector.state_dict()
+    del state["traj_id_offset"], state["traj_id_stride"]
+    collector.load_state_dict(state)
+    assert (collector.traj_id_offset, collector.traj_id_stride) == (0, 1)
+
+
+@pytest.mark.parametrize(
+    ("offset", "stride", "match"),
+    [
+        (0, 0, "traj_id_stride an int >= 1"),
+        (-1, 1, "traj_id_offset an int >= 0"),
+        (3, 3, r"0 <= traj_id_offset < traj_id_stride.*Fix: traj_id_offset=0"),
+        (0, 1.5, "traj_id_stride an int"),
+    ],
+)
+def test_invalid_traj_id_layout(offset, stride, match):
+    _lstm, policy = make_policy()
+    with pytest.raises(ValueError, match=match):
+        Collector(
+            CountingEnv(), policy, frames_per_batch=4, traj_id_offset=offset, traj_id_stride=stride
+        )
+
+
+def test_traj_id_offset_with_stride_one_is_a_plain_offset():
+    _, _, batches = collect(1, frames_per_batch=12, traj_id_offset=100)
+    assert batches[0]["collector", "traj_ids"][:, 0].tolist() == [100, 101, 102]
