@@ -1,0 +1,150 @@
+"""The recipes' collectors: local by default, Ray workers with ``--collector ray``."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+import torch
+
+from recurrl.collectors import Collector
+from recurrl.trainers import checkpoint as ckpt
+from recurrl.trainers.cli import main
+from recurrl.trainers.collection import make_collector, next_batch, ray_init_config
+from recurrl.trainers.config import EnvConfig, RunConfig, TrainConfig
+from recurrl.trainers.dqn import DQNTrainer, EpsilonGreedy
+from recurrl.trainers.evaluate import load_config
+from recurrl.trainers.logger import read_metrics
+from recurrl.trainers.models import make_env
+from recurrl.trainers.ppo import PPOTrainer
+
+from ._helpers import parse_train, run_cli
+
+PPO_TINY = [
+    "--num-envs", "2", "--frames", "256", "--frames-per-batch", "128", "--num-minibatches", "2",
+    "--epochs", "2", "--hidden-size", "8", "--quiet", "--no-plot", "--no-tensorboard",
+    "--eval-episodes", "2",
+]  # fmt: skip
+DQN_TINY = [
+    "--algo", "dqn", "--num-envs", "2", "--frames", "256", "--frames-per-batch", "64",
+    "--learning-starts", "128", "--updates-per-batch", "2", "--num-slices", "4",
+    "--burn-in", "4", "--train-len", "8", "--hidden-size", "8", "--quiet", "--no-plot",
+    "--no-tensorboard", "--eval-episodes", "0",
+]  # fmt: skip
+RAY = ["--collector", "ray", "--workers", "2"]
+
+
+def test_ray_init_config_starts_a_local_ray_or_joins_an_address():
+    local = ray_init_config(TrainConfig(env=EnvConfig(collector="ray", workers=4)))
+    assert local["num_cpus"] >= 4 and local["include_dashboard"] is False
+    assert "address" not in local
+    joined = ray_init_config(
+        TrainConfig(env=EnvConfig(collector="ray"), run=RunConfig(ray_address="ray://h:10001"))
+    )
+    assert joined["address"] == "ray://h:10001" and "num_cpus" not in joined
+
+
+def test_the_local_collector_is_the_default():
+    cfg = TrainConfig()
+    env = make_env(cfg.env, seed=0)
+    collector = make_collector(cfg, env, None, frames_per_batch=16, total_frames=32, device="cpu")
+    assert type(collector) is Collector and collector.env is not None
+    trainer = type("T", (), {"collector": collector})()
+    assert next_batch(trainer).shape == (cfg.env.num_envs, 16 // cfg.env.num_envs)
+    assert next_batch(trainer).shape == (cfg.env.num_envs, 16 // cfg.env.num_envs)
+    with pytest.raises(StopIteration):
+        next_batch(trainer)
+    collector.shutdown()
+
+
+def test_ray_collector_without_ray_is_a_one_line_usage_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    run_dir = tmp_path / "run"
+    assert main(["train", *PPO_TINY, *RAY, "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and 'pip install "recurrl[ray]"' in err[0]
+    assert not run_dir.exists()  # a failed start leaves no half-made run
+
+
+def test_epsilon_travels_in_the_policy_state_dict():
+    greedy = EpsilonGreedy(0.5)
+    greedy.epsilon = 0.125
+    other = EpsilonGreedy(1.0)
+    other.load_state_dict(greedy.state_dict())
+    assert other.epsilon == 0.125
+    other.load_state_dict({})  # a state dict from before epsilon was a buffer
+    assert other.epsilon == 0.125
+
+
+# ---------------------------------------------------------------------- with Ray
+def test_ppo_with_ray_workers_collects_on_policy(ray_session, tmp_path):
+    cfg = parse_train(*PPO_TINY, *RAY, "--frames", "384", "--run-dir", str(tmp_path / "run"))
+    trainer = PPOTrainer(cfg)
+    try:
+        versions = []
+        for _ in range(3):
+            batch = next_batch(trainer)
+            assert batch.shape == (2, 64)  # one env row per worker, 64 steps each
+            assert batch["collector", "worker_id"][:, 0].tolist() == [0, 1]
+            version = batch["collector", "policy_version"]
+            assert (version == version[0, 0]).all()  # one weights version per batch
+            versions.append(int(version[0, 0]))
+            trainer.update(batch)
+        # the weights are sent after each update and used for the whole next batch
+        assert versions == [versions[0], versions[0] + 1, versions[0] + 2]
+        ids = batch["collector", "traj_ids"]
+        assert set(ids[0].tolist()).isdisjoint(ids[1].tolist())  # unique across workers
+    finally:
+        trainer.collector.shutdown()
+
+
+def test_ppo_trains_resumes_and_evaluates_with_ray_workers(ray_session, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    lines = run_cli(capsys, "train", *PPO_TINY, *RAY, "--run-dir", str(run_dir))
+    assert lines[-1] == str(run_dir)
+    assert any(line.startswith("greedy evaluation: mean_return:") for line in lines)
+    assert [int(r["frames"]) for r in read_metrics(run_dir)] == [128, 256]
+    state = ckpt.load(run_dir)  # weights-only and digest-checked, like a local run's
+    assert state["frames"] == 256 and len(state["collector"]["collectors"]) == 2
+    assert load_config(run_dir).env.collector == "ray"
+
+    assert main(["train", "--resume", str(run_dir), "--frames", "384"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert any("warning:" in line and "new episodes" in line for line in err)
+    assert [int(r["frames"]) for r in read_metrics(run_dir)] == [128, 256, 384]
+    assert ckpt.load(run_dir)["frames"] == 384
+    assert run_cli(capsys, "eval", str(run_dir), "--episodes", "2")[-1].startswith("mean_return:")
+
+
+def test_a_ray_checkpoint_does_not_resume_with_the_local_collector(ray_session, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_cli(capsys, "train", *PPO_TINY, *RAY, "--run-dir", str(run_dir))
+    cfg = load_config(run_dir)
+    local = TrainConfig.from_dict({**cfg.to_dict(), "env": {**cfg.to_dict()["env"],
+                                                             "collector": "local"}})  # fmt: skip
+    with pytest.raises(ckpt.CheckpointError, match="ray collector"):
+        PPOTrainer(local, resume=True)
+
+
+def test_dqn_workers_write_into_the_ray_replay_buffer(ray_session, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_cli(capsys, "train", *DQN_TINY, *RAY, "--run-dir", str(run_dir))
+    rows = read_metrics(run_dir)
+    assert [int(r["frames"]) for r in rows] == [64, 128, 192, 256]
+    assert all(math.isfinite(float(r["loss"])) for r in rows[1:])  # learning from 128 frames
+    state = ckpt.load(run_dir)
+    assert state["extra"]["normalized"]  # obs_norm fitted from the remote buffer's frames
+
+    cfg = load_config(run_dir)
+    cfg.dqn.frames = 384
+    trainer = DQNTrainer(cfg, resume=True)
+    try:
+        assert len(trainer.buffer) == 256  # the buffer came back from the checkpoint
+        scale = trainer.model.obs_norm.scale
+        assert not torch.equal(scale, torch.ones_like(scale))
+        trainer.train()  # shuts the collector and the buffer down at the end
+    finally:
+        trainer.collector.shutdown()
+        trainer.buffer.shutdown()
+    assert [int(r["frames"]) for r in read_metrics(run_dir)][-2:] == [320, 384]
