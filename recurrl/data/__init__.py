@@ -10,6 +10,8 @@ from recurrl.data.samplers import (
 from recurrl.data.storages import LazyMemmapStorage, LazyTensorStorage, Storage
 from recurrl.data.writers import RoundRobinWriter, Writer
 
+# RayReplayBuffer is exported lazily (module __getattr__, not in __all__): importing
+# recurrl.data, or `from recurrl.data import *`, never imports Ray.
 __all__ = [
     "LazyMemmapStorage",
     "LazyTensorStorage",
@@ -23,3 +25,13 @@ __all__ = [
     "TensorDictReplayBuffer",
     "Writer",
 ]
+
+
+def __getattr__(name: str):
+    if name == "RayReplayBuffer":
+        from recurrl.data import ray_buffer
+
+        if ray_buffer.ray is None:
+            raise ImportError(ray_buffer.MISSING_RAY)
+        return ray_buffer.RayReplayBuffer
+    raise AttributeError(f"module 'recurrl.data' has no attribute {name!r}")

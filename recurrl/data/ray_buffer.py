@@ -1,0 +1,410 @@
+"""A replay buffer that lives in a Ray actor, shared by remote writers and the learner.
+
+Remote collectors write their ``[N, T]`` batches straight into the actor; the learner
+samples from it; frames never all pass through the learner process. The buffer itself is
+an ordinary :class:`~recurrl.data.TensorDictReplayBuffer` built inside the actor, so
+sampling (slices within trajectories, marks, ``"index"``) is exactly the local one's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import Tensor
+
+try:
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+except ImportError:  # the module stays importable (docs, doctests); building one raises
+    ray = None
+
+from recurrl.data.replay_buffers import TensorDictReplayBuffer
+from recurrl.data.samplers.base import Sampler
+from recurrl.data.storages.base import Storage
+from recurrl.data.writers import Writer
+
+__all__ = ["RayReplayBuffer"]
+
+MISSING_RAY = (
+    "recurrl.data.RayReplayBuffer needs Ray, which is not installed; fix: "
+    'pip install "recurrl[ray]" (or use the local TensorDictReplayBuffer).'
+)
+
+_TD = "__tensordict__"  # marks a TensorDict turned into plain data in a state dict
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the task name in its messages
+
+
+class RayReplayBuffer:
+    """A :class:`~recurrl.data.TensorDictReplayBuffer` living in a Ray actor.
+
+    Takes the local buffer's arguments (same defaults; ``storage`` is required, as
+    locally) and builds the buffer inside a Ray actor: ``storage``, ``sampler``, ``writer``
+    and ``collate_fn`` are pickled into it (a :class:`~recurrl.data.LazyMemmapStorage`
+    gets its own files on the actor's node). Every method is a call to the actor, waited
+    for at most ``timeout`` seconds, and behaves as the local buffer's: ``extend`` returns
+    the storage positions, ``sample`` the same batches as a local buffer fed the same data
+    with the same seed, a :class:`~recurrl.data.SliceSampler` cuts slices within
+    trajectories exactly as locally.
+
+    **Where things run.** ``collate_fn`` runs in the actor; ``transform`` runs on the
+    caller's side, after the sample arrives (it may hold modules or devices of the learner,
+    and the actor should not spend its time on it). ``dumps``/``loads`` run in the actor:
+    the path is on the actor's node.
+
+    **Ray.** If Ray is not initialized, the buffer calls ``ray.init(**ray_init_config)``
+    (default ``include_dashboard=False``, a local cluster; ``{"address": ...}`` joins an
+    existing one) and its owner's :meth:`shutdown` calls ``ray.shutdown()``. If Ray is
+    initialized, the buffer uses it and never shuts it down. The actor is created with
+    ``.options(**remote_config)``, default ``{"num_cpus": 0}``: it takes no CPU a collector
+    could use.
+
+    **Handles.** Pickling a ``RayReplayBuffer`` (Ray does, when it is passed to a task or
+    an actor) gives a *handle* on the same actor: ``extend``, ``sample``, ``len`` ... work
+    from any process of the cluster. Only the *owner*, the object that created the actor,
+    kills it: at :meth:`shutdown`, when it is garbage collected, or at interpreter exit. A
+    handle's :meth:`shutdown` only releases that handle; the actor goes on.
+
+    **Errors.** An exception raised in the actor reaches the caller with its own type
+    (``ValueError`` for a batch of the wrong keys, ``RuntimeError`` for sampling an empty
+    buffer, ...), its message followed by the remote traceback. A dead actor raises
+    ``RuntimeError`` naming the buffer; a call not answered within ``timeout`` seconds
+    raises ``TimeoutError`` (the call may still complete in the actor).
+
+    Args:
+        storage: where steps live, e.g. ``LazyTensorStorage(1_000_000)``.
+        sampler: default :class:`~recurrl.data.RandomSampler`.
+        writer: default :class:`~recurrl.data.RoundRobinWriter`.
+        batch_size: default batch size of :meth:`sample`.
+        collate_fn: applied to each sample, in the actor.
+        transform: applied to each sample after ``collate_fn``, on the caller's side.
+        seed: seeds the actor's random generators (torch's global one, which samplers use
+            by default, and the sampler's own ``generator`` if it has one). ``None``: a
+            non-deterministic seed.
+        ray_init_config: ``ray.init`` arguments, used only if Ray is not initialized.
+        remote_config: actor options (``num_cpus``, ``resources``, ``name``, ...).
+        timeout: seconds to wait for each call to the actor (> 0).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from recurrl.data import LazyTensorStorage, SliceSampler
+        >>> rb = RayReplayBuffer(  # doctest: +SKIP
+        ...     storage=LazyTensorStorage(1000), sampler=SliceSampler(slice_len=4),
+        ...     batch_size=8, seed=0, ray_init_config={"num_cpus": 1})
+        >>> batch = TensorDict({  # 2 envs x 5 steps, one trajectory per env
+        ...     "obs": torch.randn(2, 5, 3),
+        ...     ("collector", "traj_ids"): torch.tensor([[0] * 5, [1] * 5]),
+        ... }, [2, 5])
+        >>> rb.extend(batch).shape  # doctest: +SKIP
+        torch.Size([10])
+        >>> len(rb), rb.sample()["obs"].shape  # doctest: +SKIP
+        (10, torch.Size([8, 3]))
+        >>> rb.shutdown()  # doctest: +SKIP
+
+        A remote writer receives a handle (here a Ray task; a remote collector likewise):
+
+        >>> @ray.remote  # doctest: +SKIP
+        ... def write(buffer, data):
+        ...     return buffer.extend(data)
+        >>> ray.get(write.remote(rb, batch))  # doctest: +SKIP
+        tensor([10, 11, 12, 13, 14, 15, 16, 17, 18, 19])
+    """
+
+    def __init__(
+        self,
+        *,
+        storage: Storage | None = None,
+        sampler: Sampler | None = None,
+        writer: Writer | None = None,
+        batch_size: int | None = None,
+        collate_fn: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        transform: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        seed: int | None = None,
+        ray_init_config: dict[str, Any] | None = None,
+        remote_config: dict[str, Any] | None = None,
+        timeout: float = 300.0,
+    ) -> None:
+        name = type(self).__name__
+        if ray is None:
+            raise ImportError(MISSING_RAY)
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+            raise ValueError(
+                f"{name}: expected timeout to be a positive number of seconds, received "
+                f"{timeout!r}; fix: pass e.g. timeout=300.0."
+            )
+        for arg, value in (("ray_init_config", ray_init_config), ("remote_config", remote_config)):
+            if value is not None and not isinstance(value, dict):
+                raise TypeError(
+                    f"{name}: expected {arg} to be a dict of keyword arguments, received "
+                    f"{type(value).__name__}; fix: pass e.g. {{'num_cpus': 1}}."
+                )
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise TypeError(f"{name}: expected seed to be an int or None, received {seed!r}.")
+        kwargs = {"storage": storage, "sampler": sampler, "writer": writer,
+                  "batch_size": batch_size, "collate_fn": collate_fn}  # fmt: skip
+        # The local constructor's checks (storage type, slice shape ...), before any actor.
+        TensorDictReplayBuffer(**kwargs)
+        self.batch_size, self.transform, self.timeout = batch_size, transform, float(timeout)
+        self._owner, self._actor = True, None
+        self._started_ray = False
+        if not ray.is_initialized():
+            ray.init(**{"include_dashboard": False, **(ray_init_config or {})})
+            self._started_ray = True
+        elif ray_init_config is not None:
+            warnings.warn(
+                f"{name}: Ray is already initialized, ray_init_config={ray_init_config!r} is "
+                "ignored (the running Ray is used).",
+                stacklevel=2,
+            )
+        options = {"num_cpus": 0, "max_concurrency": 1, **(remote_config or {})}
+        actor = _remote_actor_class().options(**options).remote()
+        self._actor = actor
+        self._label = f"{name}(actor {_actor_id(actor)})"
+        # Kills the actor (and stops the Ray this buffer started) when the owner is
+        # collected or at interpreter exit, if shutdown() was not called.
+        self._finalizer = weakref.finalize(self, _release, actor, self._started_ray)
+        try:
+            self._call("build", kwargs, seed)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # -- calls to the actor --------------------------------------------------------------
+    def _call(self, method: str, *args: Any) -> Any:
+        if self._actor is None:
+            raise RuntimeError(
+                f"{self._label}.{method}: this buffer was shut down; fix: call it before "
+                "shutdown(), or build a new RayReplayBuffer."
+            )
+        try:
+            return ray.get(getattr(self._actor, method).remote(*args), timeout=self.timeout)
+        except RayTaskError as err:
+            raise _local_error(err, f"{self._label}.{method}") from None
+        except GetTimeoutError as err:
+            raise TimeoutError(
+                f"{self._label}.{method}: no answer from the buffer's actor within "
+                f"timeout={self.timeout} s (it may be busy, e.g. with a large dumps/loads, or "
+                "stuck; the call may still complete there); fix: pass a larger timeout= or "
+                "look at the actor's logs."
+            ) from err
+        except RayActorError as err:
+            raise RuntimeError(
+                f"{self._label}.{method}: the buffer's actor is dead (it was shut down by its "
+                f"owner, or its process or node died); its data is lost. Ray said: {err}. "
+                "Fix: keep the owning RayReplayBuffer alive while handles are in use, and "
+                "restore a new buffer from state_dict()/dumps() if needed."
+            ) from err
+
+    def _apply_transform(self, data: TensorDictBase) -> TensorDictBase:
+        return data if self.transform is None else self.transform(data)
+
+    # -- the local buffer's methods ------------------------------------------------------
+    def __len__(self) -> int:
+        return self._call("length")
+
+    def extend(self, data: TensorDictBase) -> Tensor:
+        """Write a ``[T]`` or ``[N, T]`` batch (``N`` envs, time last); return the
+        ``[N * T]`` storage positions, as :meth:`TensorDictReplayBuffer.extend`."""
+        return self._call("extend", data)
+
+    def add(self, data: TensorDictBase) -> int:
+        """Write a single step (batch ``[]``); return its position."""
+        return self._call("add", data)
+
+    def sample(self, batch_size: int | None = None, *, return_info: bool = False):
+        """Sample a batch (``batch_size`` defaults to the buffer's), with ``"index"``.
+
+        Returns:
+            the sampled TensorDict, or ``(data, info)`` if ``return_info`` (``info``: the
+            sampler's marks and ``"index"``). ``transform`` is applied here, on the caller's
+            side.
+        """
+        result, _ = self._call("sample", batch_size, return_info)
+        if return_info:
+            data, info = result
+            return self._apply_transform(data), info
+        return self._apply_transform(result)
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        """Yield samples; stops when the sampler reports ``ran_out`` (epoch samplers), else
+        never."""
+        while True:
+            data, ran_out = self._call("sample", None, False)
+            yield self._apply_transform(data)
+            if ran_out:
+                return
+
+    def set_seed(self, seed: int) -> None:
+        """Seed the actor's torch generator and the sampler's own ``generator`` if any."""
+        self._call("set_seed", int(seed))
+
+    # -- persistence ---------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Storage, writer and sampler states as tensors and plain python data (TensorDicts
+        become nested dicts), so ``torch.load(..., weights_only=True)`` reads a saved one."""
+        return self._call("state_dict")
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned (also accepts a local
+        :meth:`TensorDictReplayBuffer.state_dict`)."""
+        self._call("load_state_dict", state)
+
+    def dumps(self, path: str | Path) -> None:
+        """Save the buffer under the directory ``path`` *on the actor's node* (see
+        :meth:`TensorDictReplayBuffer.dumps`)."""
+        self._call("dumps", str(path))
+
+    def loads(self, path: str | Path) -> None:
+        """Restore what :meth:`dumps` saved under ``path`` *on the actor's node* (tensors and
+        plain data only, as :meth:`TensorDictReplayBuffer.loads`)."""
+        self._call("loads", str(path))
+
+    # -- lifetime ------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Owner: kill the actor (its data is lost) and stop Ray if this buffer started it.
+        Handle: release this handle only; the actor goes on. Calling it twice is harmless."""
+        self._actor = None
+        if self._owner and self._finalizer is not None:
+            self._finalizer()
+
+    @property
+    def is_owner(self) -> bool:
+        """Whether this object created the actor (and kills it at :meth:`shutdown`)."""
+        return self._owner
+
+    def __getstate__(self) -> dict:
+        if self._actor is None:
+            raise RuntimeError(
+                f"{self._label}: cannot pickle a buffer that was shut down; fix: pass the "
+                "buffer to tasks/actors while it is running."
+            )
+        return {"actor": self._actor, "label": self._label, "batch_size": self.batch_size,
+                "transform": self.transform, "timeout": self.timeout}  # fmt: skip
+
+    def __setstate__(self, state: dict) -> None:
+        self._actor, self._label = state["actor"], state["label"]
+        self.batch_size, self.transform = state["batch_size"], state["transform"]
+        self.timeout = state["timeout"]
+        self._owner, self._started_ray, self._finalizer = False, False, None
+
+    def __repr__(self) -> str:
+        role = "owner" if self._owner else "handle"
+        state = "shut down" if self._actor is None else "running"
+        return f"{self._label} [{role}, {state}]"
+
+
+class _BufferActor:
+    """The actor's side: one :class:`TensorDictReplayBuffer` (without ``transform``)."""
+
+    def __init__(self) -> None:
+        self.buffer: TensorDictReplayBuffer | None = None
+
+    def build(self, kwargs: dict, seed: int | None) -> None:
+        self.buffer = TensorDictReplayBuffer(**kwargs)
+        self.set_seed(torch.seed() if seed is None else seed)
+
+    def set_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        generator = getattr(self.buffer.sampler, "generator", None)
+        if generator is not None:
+            generator.manual_seed(seed)
+
+    def length(self) -> int:
+        return len(self.buffer)
+
+    def extend(self, data: TensorDictBase) -> Tensor:
+        return self.buffer.extend(data)
+
+    def add(self, data: TensorDictBase) -> int:
+        return self.buffer.add(data)
+
+    def sample(self, batch_size: int | None, return_info: bool) -> tuple[Any, bool]:
+        result = self.buffer.sample(batch_size, return_info=return_info)
+        return result, bool(getattr(self.buffer.sampler, "ran_out", False))
+
+    def state_dict(self) -> dict:
+        return _to_plain(self.buffer.state_dict())
+
+    def load_state_dict(self, state: dict) -> None:
+        self.buffer.load_state_dict(_from_plain(state))
+
+    def dumps(self, path: str) -> None:
+        self.buffer.dumps(path)
+
+    def loads(self, path: str) -> None:
+        self.buffer.loads(path)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+# -- helpers ---------------------------------------------------------------------------
+_REMOTE_CLASS = None
+
+
+def _remote_actor_class():
+    """``ray.remote(_BufferActor)``, made once (Ray exports an actor class per call)."""
+    global _REMOTE_CLASS
+    if _REMOTE_CLASS is None:
+        _REMOTE_CLASS = ray.remote(_BufferActor)
+    return _REMOTE_CLASS
+
+
+def _release(actor, started_ray: bool) -> None:
+    """Kill the actor; stop Ray if the owner started it. Never raises (runs at exit)."""
+    try:
+        if ray.is_initialized():
+            ray.kill(actor, no_restart=True)
+    except Exception:  # already dead / Ray already stopped: nothing to do
+        pass
+    if started_ray and ray.is_initialized():
+        ray.shutdown()
+
+
+def _actor_id(actor) -> str:
+    try:
+        return actor._actor_id.hex()[:12]
+    except AttributeError:  # pragma: no cover - private attribute of Ray's handle
+        return "?"
+
+
+def _local_error(err: RayTaskError, where: str) -> BaseException:
+    """The actor's exception as its own type, with the remote traceback in the message
+    (the dual ``RayTaskError(<type>)`` Ray raises if the type cannot be rebuilt)."""
+    cause = err.cause
+    if not isinstance(cause, Exception) or isinstance(cause, RayError):
+        return err
+    args = cause.args
+    message = args[0] if len(args) == 1 and isinstance(args[0], str) else str(cause)
+    # Ray's error (a dual RayTaskError(<type>) instance) prints as the remote traceback.
+    remote = _ANSI.sub("", getattr(err, "traceback_str", None) or str(err))
+    text = f"{message}\n\n[{where}: raised in the buffer's actor; remote traceback:]\n{remote}"
+    try:
+        return type(cause)(text)
+    except Exception:  # a type with another constructor: keep Ray's error
+        return err
+
+
+def _to_plain(obj: Any) -> Any:
+    """TensorDicts inside a state dict -> ``{_TD: nested dict, "batch_size": [...]}``."""
+    if isinstance(obj, TensorDictBase):
+        return {_TD: obj.to_tensordict().to_dict(), "batch_size": list(obj.batch_size)}
+    if isinstance(obj, dict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    return obj
+
+
+def _from_plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        if _TD in obj:
+            return TensorDict(obj[_TD], batch_size=obj["batch_size"])
+        return {k: _from_plain(v) for k, v in obj.items()}
+    return obj
