@@ -1,0 +1,191 @@
+"""The Ray actor behind :class:`~recurrl.collectors.RayCollector`: one local
+:class:`~recurrl.collectors.Collector` in its own process, plus the conversions that make
+its state dict plain data (tensors, dicts, lists, numbers, strings)."""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from recurrl.collectors.collector import Collector
+from recurrl.envs import EnvBase
+
+__all__ = ["CollectorWorker", "from_plain", "summary_keys", "to_plain"]
+
+VERSION_KEY = ("collector", "policy_version")
+WORKER_KEY = ("collector", "worker_id")
+#: What a worker returns instead of its batch when it wrote the batch into a replay buffer.
+_SUMMARY_KEYS = (
+    ("next", "done"),
+    ("next", "terminated"),
+    ("next", "truncated"),
+    ("next", "episode_reward"),
+)
+_TD_MARK = "__tensordict__"
+
+
+def summary_keys(data: TensorDictBase) -> list[tuple[str, ...]]:
+    """The keys of ``data`` kept in a replay-buffer summary: done flags, episode reward,
+    policy version and worker id (those present)."""
+    present = set(data.keys(True, True))
+    return [k for k in (*_SUMMARY_KEYS, VERSION_KEY, WORKER_KEY) if k in present]
+
+
+def to_plain(obj: Any) -> Any:
+    """Replace every TensorDict in ``obj`` (nested in dicts / lists) by a plain dict of
+    tensors, readable by ``torch.load(..., weights_only=True)``; :func:`from_plain` undoes it.
+
+    Examples:
+        >>> td = TensorDict({"a": torch.zeros(2, 3), "b": {"c": torch.ones(2)}}, [2])
+        >>> plain = to_plain({"root": td, "n": 1})
+        >>> sorted(plain["root"]["data"])
+        ['a', 'b']
+        >>> back = from_plain(plain)["root"]
+        >>> back.batch_size, back["b", "c"].tolist()
+        (torch.Size([2]), [1.0, 1.0])
+    """
+    if isinstance(obj, TensorDictBase):
+        return {
+            _TD_MARK: True,
+            "batch_size": list(obj.batch_size),
+            "device": None if obj.device is None else str(obj.device),
+            "data": {k: to_plain(v) for k, v in obj.items()},
+        }
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [to_plain(v) for v in obj]
+    return obj
+
+
+def from_plain(obj: Any) -> Any:
+    """Inverse of :func:`to_plain`: rebuild the TensorDicts."""
+    if isinstance(obj, dict):
+        if obj.get(_TD_MARK) is True:
+            return TensorDict(
+                {k: from_plain(v) for k, v in obj["data"].items()},
+                batch_size=obj["batch_size"],
+                device=obj["device"],
+            )
+        return {k: from_plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [from_plain(v) for v in obj]
+    return obj
+
+
+class CollectorWorker:
+    """One remote collector (used as a Ray actor class; plain Python otherwise).
+
+    Built in two steps so that the driver can check the env's batch size before the
+    :class:`Collector` is made: ``__init__`` builds the env (an error is kept and reported
+    by :meth:`info`), :meth:`setup` builds the collector.
+    """
+
+    def __init__(self, create_env_fn: Callable[[], EnvBase], worker_id: int) -> None:
+        self.worker_id = worker_id
+        self.env: EnvBase | None = None
+        self.error: str | None = None
+        self.collector: Collector | None = None
+        self.version = 0
+        self.replay_buffer: Any = None
+        try:
+            env = create_env_fn()
+            if not isinstance(env, EnvBase):
+                raise TypeError(
+                    f"RayCollector: the env factory returned {type(env).__name__}, expected an "
+                    f"EnvBase. Fix: wrap gymnasium envs with recurrl.envs.GymEnv."
+                )
+            self.env = env
+        except Exception:
+            self.error = traceback.format_exc()
+
+    def info(self) -> dict[str, Any]:
+        """Env batch size, process and node of this worker, and the env's build error."""
+        import ray
+
+        batch = None if self.env is None else list(self.env.batch_size)
+        return {
+            "batch_size": batch,
+            "num_envs": None if batch is None else int(torch.Size(batch).numel()),
+            "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "error": self.error,
+        }
+
+    def setup(
+        self,
+        policy: Any,
+        frames_per_batch: int,
+        slot: int,
+        stride: int,
+        collector_kwargs: dict[str, Any],
+        seed: int | None,
+        weights: Any,
+        version: int,
+        replay_buffer: Any,
+    ) -> bool:
+        """Build the :class:`Collector` (ids ``slot + stride * k``), load weights, seed."""
+        self.collector = Collector(
+            self.env,
+            policy,
+            frames_per_batch=frames_per_batch,
+            traj_id_offset=slot,
+            traj_id_stride=stride,
+            **collector_kwargs,
+        )
+        if weights is not None:
+            self.collector.update_policy_weights_(weights)
+        self.version = version
+        self.replay_buffer = replay_buffer
+        if seed is not None:
+            self.set_seed(seed)
+        return True
+
+    def collect(self, weights: Any, version: int) -> TensorDictBase:
+        """One batch ``[N, T]`` (``[1, T]`` for an unbatched env), after loading ``weights``
+        (when not ``None``, as version ``version``); with a replay buffer, write the batch
+        there and return only its summary (:func:`summary_keys`)."""
+        collector = self.collector
+        if weights is not None:
+            collector.update_policy_weights_(weights)
+            self.version = version
+        data = collector.rollout()
+        if data.batch_dims == 1:
+            data = data.unsqueeze(0)
+        shape = data.batch_size
+        data.set(VERSION_KEY, torch.full(shape, self.version, dtype=torch.int64))
+        data.set(WORKER_KEY, torch.full(shape, self.worker_id, dtype=torch.int64))
+        if self.replay_buffer is None:
+            return data
+        import ray
+
+        written = self.replay_buffer.extend(data)
+        if isinstance(written, ray.ObjectRef):
+            ray.get(written)  # the write is finished before the summary leaves
+        return data.select(*summary_keys(data))
+
+    def set_seed(self, seed: int) -> int:
+        """Seed the env and torch's global RNG of this process (random actions)."""
+        torch.manual_seed(seed)
+        return self.collector.set_seed(seed)
+
+    def state(self) -> dict[str, Any]:
+        """The collector's state dict (plain data) and the weights version it holds."""
+        return {"collector": to_plain(self.collector.state_dict()), "version": self.version}
+
+    def load_state(self, state: dict[str, Any]) -> bool:
+        self.collector.load_state_dict(from_plain(state["collector"]))
+        self.version = int(state["version"])
+        return True
+
+    def close(self) -> bool:
+        if self.collector is not None:
+            self.collector.shutdown()
+        elif self.env is not None:
+            self.env.close()
+        return True

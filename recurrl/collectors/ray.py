@@ -1,0 +1,865 @@
+"""RayCollector: recurrl's :class:`~recurrl.collectors.Collector` run by Ray actors, one
+per remote collector, with weights broadcast through the object store."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import copy
+import itertools
+import logging
+import math
+import os
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from torch import nn
+
+try:
+    import ray
+    import ray.exceptions
+except ImportError as err:  # pragma: no cover - exercised without the extra only
+    raise ImportError(
+        "recurrl.collectors.RayCollector needs Ray, which is not installed. Fix: "
+        'pip install "recurrl[ray]".'
+    ) from err
+
+from recurrl.collectors._ray_worker import CollectorWorker, from_plain, to_plain
+from recurrl.envs import EnvBase
+
+__all__ = ["SEED_STRIDE", "RayCollector", "RemoteCollectorError"]
+
+logger = logging.getLogger(__name__)
+
+#: Remote collector ``i`` (slot ``i``) is seeded with ``seed + i * SEED_STRIDE``.
+SEED_STRIDE = 1_000_003
+#: Keys of the remote ``Collector`` that the RayCollector sets itself.
+_RESERVED_KWARGS = frozenset(
+    {"env", "policy", "frames_per_batch", "total_frames", "traj_id_offset", "traj_id_stride"}
+)
+#: Actor start-up (process launch, env construction) is given at least this long.
+_MIN_START_TIMEOUT = 60.0
+#: Blocking waits are cut in slices this long so that signals (Ctrl-C) are handled.
+_WAIT_SLICE = 0.5
+_STATE_FORMAT = 1
+
+
+class RemoteCollectorError(RuntimeError):
+    """A remote collector of a :class:`RayCollector` failed (raised, died or hung).
+
+    Attributes:
+        worker_id: index of the remote collector (``0 <= worker_id < num_collectors``).
+        remote_traceback: the remote traceback text (or Ray's description of the death).
+    """
+
+    def __init__(self, worker_id: int, message: str, remote_traceback: str = "") -> None:
+        self.worker_id = worker_id
+        self.remote_traceback = remote_traceback
+        text = f"RayCollector: remote collector {worker_id} {message}"
+        if remote_traceback:
+            text += f"\n--- remote traceback (collector {worker_id}) ---\n{remote_traceback}"
+        super().__init__(text)
+
+
+@dataclass
+class _Worker:
+    """Driver-side bookkeeping of one remote collector position ``index``."""
+
+    index: int
+    slot: int
+    handle: Any = None
+    pending: Any = None  # ObjectRef of the batch in flight
+    pending_since: float = 0.0
+    version: int = 0  # version of the weights its next batch is collected with
+    since_update: int = 0  # batches collected since its last weight update
+    requested: int = 0  # batches requested at this position (yielded, queued, in flight)
+    queue: collections.deque = field(default_factory=collections.deque)  # (seq, batch)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class _Resources:
+    """What :meth:`RayCollector.shutdown` releases; kept apart from the collector so that a
+    ``weakref.finalize`` can release it at garbage collection or interpreter exit."""
+
+    def __init__(self) -> None:
+        self.handles: list[Any] = []
+        self.owns_ray = False
+        self.closed = False
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        handles, self.handles = self.handles, []
+        for handle in handles:
+            with contextlib.suppress(Exception):  # already dead, or Ray already gone
+                ray.kill(handle, no_restart=True)
+        if self.owns_ray:
+            with contextlib.suppress(Exception):  # at exit Ray may be half torn down
+                if ray.is_initialized():
+                    ray.shutdown()
+
+
+_REMOTE_CLASS: Any = None
+
+
+def _remote_worker_class() -> Any:
+    global _REMOTE_CLASS
+    if _REMOTE_CLASS is None:
+        _REMOTE_CLASS = ray.remote(CollectorWorker)
+    return _REMOTE_CLASS
+
+
+def _per_worker(value: Any, n: int, name: str, kind: type) -> list[Any]:
+    if value is None:
+        return [{} for _ in range(n)]
+    if isinstance(value, kind):
+        return [dict(value) for _ in range(n)]
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if len(value) != n or not all(isinstance(v, kind) for v in value):
+            raise ValueError(
+                f"RayCollector: expected {name} a dict (for every remote collector) or a list "
+                f"of {n} dicts (one per remote collector), received {value!r}."
+            )
+        return [dict(v) for v in value]
+    raise TypeError(
+        f"RayCollector: expected {name} a dict or a list of dicts, received {type(value).__name__}."
+    )
+
+
+def _cpu_weights(weights: Any) -> Any:
+    """Detached CPU copy of a state dict or TensorDict of parameters."""
+    if isinstance(weights, TensorDictBase):
+        return weights.detach().to("cpu")
+    if isinstance(weights, dict):
+        return {
+            k: (v.detach().to("cpu") if isinstance(v, torch.Tensor) else _cpu_weights(v))
+            for k, v in weights.items()
+        }
+    raise TypeError(
+        f"RayCollector.update_policy_weights_: expected a state_dict() or a TensorDict of "
+        f"parameters, received {type(weights).__name__}."
+    )
+
+
+def _cpu_policy(policy: Any) -> Any:
+    """The policy as sent to the actors: a CPU copy when some of its tensors are elsewhere."""
+    if not isinstance(policy, nn.Module):
+        return policy
+    tensors = [*policy.parameters(), *policy.buffers()]
+    if all(t.device.type == "cpu" for t in tensors):
+        return policy
+    return copy.deepcopy(policy).to("cpu")
+
+
+def _check_numbers(
+    frames_per_batch: Any,
+    total_frames: Any,
+    num_collectors: int,
+    sync: bool,
+    max_restarts: Any,
+    max_weight_update_interval: Any,
+    timeout: Any,
+    replay_buffer: Any,
+) -> None:
+    """Check RayCollector's scalar arguments (before anything starts)."""
+    if isinstance(frames_per_batch, bool) or not isinstance(frames_per_batch, int):
+        raise TypeError(
+            f"RayCollector: expected frames_per_batch an int, got {frames_per_batch!r}."
+        )
+    if frames_per_batch < 1:
+        raise ValueError(
+            f"RayCollector: expected frames_per_batch >= 1, received {frames_per_batch}."
+        )
+    if sync and frames_per_batch % num_collectors:
+        fixed = max(1, frames_per_batch // num_collectors) * num_collectors
+        raise ValueError(
+            f"RayCollector: with sync=True every remote collector contributes "
+            f"frames_per_batch / num_collectors frames, but frames_per_batch="
+            f"{frames_per_batch} is not a multiple of num_collectors={num_collectors}. "
+            f"Fix: frames_per_batch={fixed}."
+        )
+    if total_frames != -1 and (not isinstance(total_frames, int) or total_frames < 1):
+        raise ValueError(
+            f"RayCollector: expected total_frames >= 1 or -1 (endless), received {total_frames}."
+        )
+    if not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"RayCollector: expected max_restarts >= 0, received {max_restarts!r}.")
+    if not isinstance(max_weight_update_interval, int) or max_weight_update_interval < -1:
+        raise ValueError(
+            f"RayCollector: expected max_weight_update_interval >= -1 (-1: never), "
+            f"received {max_weight_update_interval!r}."
+        )
+    if not isinstance(timeout, int | float) or not timeout > 0:
+        raise ValueError(f"RayCollector: expected timeout > 0 seconds, received {timeout!r}.")
+    if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
+        raise TypeError(
+            f"RayCollector: expected replay_buffer an object with .extend(td) usable in "
+            f"a Ray actor (e.g. recurrl.data.RayReplayBuffer), received "
+            f"{type(replay_buffer).__name__}."
+        )
+
+
+class RayCollector:
+    """Collect batches with ``num_collectors`` remote :class:`~recurrl.collectors.Collector`
+    instances, each in its own Ray actor (process, possibly on another node).
+
+    Every remote collector builds its env with ``create_env_fn`` and runs a local
+    ``Collector`` on it with a CPU copy of ``policy`` (auto-wiring of ``InitTracker`` and
+    primers included), so hidden state, ``is_init`` and trajectory ids continue from batch
+    to batch on each of them exactly as with a local ``Collector``.
+
+    Batches have batch size ``[N, T]`` (env rows first; an unbatched env gives ``N = 1``)
+    and carry, besides the ``Collector`` keys:
+
+    - ``("collector", "policy_version")`` (int64 ``[N, T]``): the version of the weights the
+      batch was collected with: 0 for the policy given here, ``+1`` per
+      :meth:`update_policy_weights_`;
+    - ``("collector", "worker_id")`` (int64 ``[N, T]``): the remote collector's index.
+
+    ``("collector", "traj_ids")`` are unique across all remote collectors and replacements:
+    the remote collector in slot ``s`` hands out ``s + S * k`` with
+    ``S = num_collectors + max_restarts`` (a replacement takes the next unused slot).
+
+    Args:
+        create_env_fn: a callable (picklable by Ray: a function, a class, a
+            ``functools.partial``) returning an :class:`~recurrl.envs.EnvBase` (batch size
+            ``[]`` or ``[N]``), or a list of them, one per remote collector.
+        policy: as for :class:`~recurrl.collectors.Collector` (``None``: random actions).
+            Pickled once and sent to the actors at creation (a CPU copy if it is on another
+            device); afterwards only weights travel (:meth:`update_policy_weights_`).
+
+    Keyword Args:
+        frames_per_batch: frames per yielded batch. ``sync=True``: every remote collector
+            contributes ``frames_per_batch // num_collectors`` (must divide, and be a
+            multiple of its env count). ``sync=False``: every remote collector collects
+            whole ``frames_per_batch`` batches.
+        total_frames: stop once this many frames were yielded (rounded up to whole
+            batches, as ``Collector``); ``-1`` (default) never stops. No batch past it is
+            ever requested.
+        num_collectors: number of remote collectors. Default: ``len(create_env_fn)`` for a
+            list, else 2.
+        sync: ``True`` (default): each iteration yields one batch from every remote
+            collector, concatenated along the env dim (collector 0's envs first).
+            ``False``: yield each remote collector's batch as soon as it is ready.
+        ray_init_config: ``ray.init`` keyword arguments. Without ``"address"``: an already
+            initialized Ray is used as is (and left running); else Ray is started locally
+            (defaults ``num_cpus`` enough for the collectors, ``include_dashboard=False``)
+            and shut down by :meth:`shutdown`. With ``"address"`` (``"auto"`` or
+            ``"ray://host:port"``) the driver joins that cluster (and only disconnects).
+        remote_configs: ``.options(...)`` of the actors (``num_cpus``, ``num_gpus``,
+            ``resources``, ...): a dict for all or a list of dicts, one per remote
+            collector. Default ``{"num_cpus": 1}``.
+        collector_kwargs: keyword arguments of each remote ``Collector`` (``device``,
+            ``storing_device``, ``init_random_frames``, ...): a dict for all or a list of
+            dicts. The keys set here (``frames_per_batch``, ``total_frames``,
+            ``traj_id_offset``, ``traj_id_stride``) are rejected.
+        update_after_each_batch: push the local policy's weights to the remote collectors
+            after every yielded batch, before the next batches are requested (on-policy).
+            ``False`` (default): a remote collector's next batch is requested as soon as
+            its previous one arrives (collection overlaps learning, one batch behind).
+        max_weight_update_interval: ``N > -1``: a remote collector that collected more than
+            ``N`` batches since its last weight update gets the local policy's current
+            weights before its next batch. ``-1`` (default): only on
+            :meth:`update_policy_weights_`.
+        replay_buffer: an object with ``.extend(td)`` usable inside another Ray actor (e.g.
+            ``recurrl.data.RayReplayBuffer``). Each remote collector writes its batches
+            there itself and the iteration yields only summaries: the done flags
+            (``("next", "done" | "terminated" | "truncated")``), ``("next",
+            "episode_reward")`` where present and the two collector keys, ``[N, T]``.
+        max_restarts: how many crashed, killed or hung remote collectors may be replaced
+            in total (default 0: the first failure raises :class:`RemoteCollectorError`).
+            A replacement starts new episodes with new trajectory ids (the unfinished
+            trajectory is dropped, never continued) and the current weights; a warning is
+            logged.
+        timeout: seconds a remote collector may take for a batch (or a call) before it is
+            treated as hung: killed, then replaced or reported. Start-up is given at least
+            60 s.
+
+    Examples:
+        >>> import functools
+        >>> from recurrl.collectors import RayCollector
+        >>> from recurrl.testing import CountingEnv
+        >>> make_env = functools.partial(CountingEnv, batch_size=(2,), max_steps=3)
+        >>> with RayCollector(make_env, frames_per_batch=16, total_frames=32,
+        ...                   num_collectors=2, ray_init_config={"num_cpus": 2}) as collector:
+        ...     shapes = [data.batch_size for data in collector]  # doctest: +SKIP
+        >>> shapes  # doctest: +SKIP
+        [torch.Size([4, 4]), torch.Size([4, 4])]
+    """
+
+    def __init__(
+        self,
+        create_env_fn: Callable[[], EnvBase] | Sequence[Callable[[], EnvBase]],
+        policy: Any = None,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        num_collectors: int | None = None,
+        sync: bool = True,
+        ray_init_config: dict[str, Any] | None = None,
+        remote_configs: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
+        collector_kwargs: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
+        update_after_each_batch: bool = False,
+        max_weight_update_interval: int = -1,
+        replay_buffer: Any = None,
+        max_restarts: int = 0,
+        timeout: float = 300.0,
+    ) -> None:
+        self._resources = _Resources()
+        self._finalizer = weakref.finalize(self, self._resources.close)
+        # --- arguments (checked before anything starts) ---
+        if isinstance(create_env_fn, Sequence) and not isinstance(create_env_fn, str):
+            env_fns = list(create_env_fn)
+            if not env_fns:
+                raise ValueError("RayCollector: create_env_fn is an empty list.")
+            if num_collectors is None:
+                num_collectors = len(env_fns)
+            if len(env_fns) != num_collectors:
+                raise ValueError(
+                    f"RayCollector: {len(env_fns)} env factories for num_collectors="
+                    f"{num_collectors}; expected one per remote collector. Fix: "
+                    f"num_collectors={len(env_fns)}, or a single factory."
+                )
+        else:
+            num_collectors = 2 if num_collectors is None else num_collectors
+            env_fns = [create_env_fn] * num_collectors if isinstance(num_collectors, int) else []
+        if isinstance(num_collectors, bool) or not isinstance(num_collectors, int):
+            raise TypeError(f"RayCollector: expected num_collectors an int, got {num_collectors!r}")
+        if num_collectors < 1:
+            raise ValueError(
+                f"RayCollector: expected num_collectors >= 1, received {num_collectors}."
+            )
+        for fn in env_fns:
+            if isinstance(fn, EnvBase) or not callable(fn):
+                raise TypeError(
+                    f"RayCollector: expected create_env_fn a callable building an EnvBase in "
+                    f"the remote process (or a list of them), received {type(fn).__name__}. "
+                    f"Fix: pass the class or a functools.partial, e.g. "
+                    f"functools.partial(GymEnv, 'CartPole-v1')."
+                )
+        _check_numbers(
+            frames_per_batch,
+            total_frames,
+            num_collectors,
+            sync,
+            max_restarts,
+            max_weight_update_interval,
+            timeout,
+            replay_buffer,
+        )
+        configs = _per_worker(remote_configs, num_collectors, "remote_configs", dict)
+        self._remote_configs = [{"num_cpus": 1, **c} for c in configs]
+        kwargs = _per_worker(collector_kwargs, num_collectors, "collector_kwargs", dict)
+        for c in kwargs:
+            reserved = sorted(_RESERVED_KWARGS & set(c))
+            if reserved:
+                raise ValueError(
+                    f"RayCollector: collector_kwargs may not set {reserved}: the RayCollector "
+                    f"sets them itself. Fix: pass frames_per_batch / total_frames to "
+                    f"RayCollector; trajectory ids are laid out per remote collector."
+                )
+        self._collector_kwargs = kwargs
+        self._env_fns = env_fns
+        self.num_collectors = num_collectors
+        self.frames_per_batch = frames_per_batch
+        self.total_frames = total_frames
+        self.sync = bool(sync)
+        self.update_after_each_batch = bool(update_after_each_batch)
+        self.max_weight_update_interval = max_weight_update_interval
+        self.replay_buffer = replay_buffer
+        self.max_restarts = max_restarts
+        self.timeout = float(timeout)
+        self.policy = policy
+        self.frames = 0
+        self._yielded = 0  # batches (sync: rounds) yielded
+        self._version = 0
+        self._seed: int | None = None
+        self._restarts = 0
+        self._stride = num_collectors + max_restarts
+        self._next_slot = num_collectors
+        self._seq = itertools.count()
+        self._hold_prefetch = False
+        self._share = frames_per_batch // num_collectors if self.sync else frames_per_batch
+        self._workers = [_Worker(index=i, slot=i) for i in range(num_collectors)]
+        # --- Ray, then the actors ---
+        self._init_ray(dict(ray_init_config or {}))
+        try:
+            self._policy_ref = ray.put(_cpu_policy(policy))
+            self._weights_ref: Any = None
+            self._start(self._workers)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # --- Ray and actors ------------------------------------------------------------------
+    def _init_ray(self, config: dict[str, Any]) -> None:
+        if "address" not in config and ray.is_initialized():
+            return  # someone else's Ray: used, never shut down
+        if "address" not in config:
+            needed = sum(float(c.get("num_cpus", 1)) for c in self._remote_configs)
+            config.setdefault("num_cpus", max(os.cpu_count() or 1, math.ceil(needed)))
+            config.setdefault("include_dashboard", False)
+        try:
+            ray.init(**config)
+        except ConnectionError as err:
+            raise ConnectionError(
+                f"RayCollector: could not join the Ray cluster at address="
+                f"{config['address']!r} ({err}). Fix: start the cluster (ray start --head) "
+                f"or drop 'address' from ray_init_config to start Ray locally."
+            ) from err
+        self._resources.owns_ray = True
+
+    def _get(self, refs: Any, timeout: float) -> Any:
+        """``ray.get`` in short slices (signals are handled), bounded by ``timeout``."""
+        deadline = time.monotonic() + timeout
+        many = isinstance(refs, list)
+        todo = refs if many else [refs]
+        while True:
+            left = deadline - time.monotonic()
+            ready, _ = ray.wait(
+                todo, num_returns=len(todo), timeout=max(0.0, min(_WAIT_SLICE, left))
+            )
+            if len(ready) == len(todo):
+                out = ray.get(todo)
+                return out if many else out[0]
+            if left <= 0:
+                raise ray.exceptions.GetTimeoutError(f"no answer within {timeout} s")
+
+    def _start(self, workers: list[_Worker]) -> None:
+        """Create the actors of ``workers`` (their slots set), check their envs, set them up."""
+        cls = _remote_worker_class()
+        for w in workers:
+            w.handle = cls.options(**self._remote_configs[w.index]).remote(
+                self._env_fns[w.index], w.index
+            )
+            self._resources.handles.append(w.handle)
+        start_timeout = max(self.timeout, _MIN_START_TIMEOUT)
+        for w in workers:
+            try:
+                w.info = self._get(w.handle.info.remote(), start_timeout)
+            except ray.exceptions.GetTimeoutError as err:
+                raise RemoteCollectorError(
+                    w.index, f"did not start within {start_timeout:.0f} s (timeout)."
+                ) from err
+            except ray.exceptions.RayError as err:
+                raise RemoteCollectorError(w.index, "failed to start.", _remote_text(err)) from err
+            if w.info["error"]:
+                raise RemoteCollectorError(
+                    w.index, "could not build its env (create_env_fn raised).", w.info["error"]
+                )
+        self._check_env_sizes(workers)
+        refs = []
+        for w in workers:
+            seed = None if self._seed is None else self._seed + w.slot * SEED_STRIDE
+            weights = self._weights_ref if self._version > 0 else None
+            w.version, w.since_update = self._version, 0
+            refs.append(
+                w.handle.setup.remote(
+                    self._policy_ref,
+                    self._share,
+                    w.slot,
+                    self._stride,
+                    self._collector_kwargs[w.index],
+                    seed,
+                    weights,
+                    self._version,
+                    self.replay_buffer,
+                )
+            )
+        for w, ref in zip(workers, refs, strict=True):
+            try:
+                self._get(ref, start_timeout)
+            except ray.exceptions.GetTimeoutError as err:
+                raise RemoteCollectorError(
+                    w.index, f"did not set up its Collector within {start_timeout:.0f} s."
+                ) from err
+            except ray.exceptions.RayError as err:
+                raise RemoteCollectorError(
+                    w.index, "could not build its Collector.", _remote_text(err)
+                ) from err
+
+    def _check_env_sizes(self, workers: list[_Worker]) -> None:
+        for w in workers:
+            n, batch = w.info["num_envs"], w.info["batch_size"]
+            if self._share % n:
+                what = "frames_per_batch / num_collectors" if self.sync else "frames_per_batch"
+                lo = max(1, self._share // n) * n
+                fix = lo * self.num_collectors if self.sync else lo
+                raise ValueError(
+                    f"RayCollector: remote collector {w.index} steps {n} envs (env batch_size "
+                    f"{batch}), but its share of each batch ({what} = {self._share} frames) is "
+                    f"not a multiple of {n}: every env steps the same number of times. Fix: "
+                    f"frames_per_batch={fix}."
+                )
+        if self.sync:
+            sizes = {w.index: w.info["num_envs"] for w in self._workers if w.info}
+            if len(set(sizes.values())) > 1:
+                raise ValueError(
+                    f"RayCollector: with sync=True the batches of the remote collectors are "
+                    f"concatenated along the env dim and need the same length T, so every "
+                    f"remote collector must step the same number of envs; received env counts "
+                    f"{sizes}. Fix: the same number of envs in every create_env_fn, or sync=False."
+                )
+
+    # --- weights ---------------------------------------------------------------------------
+    def update_policy_weights_(self, weights: TensorDictBase | dict | None = None) -> None:
+        """Send new weights to every remote collector (loaded before its next batch).
+
+        ``weights``: a ``state_dict()`` or a TensorDict of parameters; ``None`` takes the
+        local policy's ``state_dict()``. They are detached, moved to CPU and ``ray.put``
+        once; every actor receives the same object reference. The policy version (in
+        ``("collector", "policy_version")`` of the batches collected with them) goes up by 1.
+        Batches already requested (prefetched) keep the weights they started with.
+        """
+        self._check_open()
+        if weights is None:
+            if not isinstance(self.policy, nn.Module):
+                if self.policy is None:
+                    return  # random actions: nothing to send
+                raise TypeError(
+                    "RayCollector.update_policy_weights_: the policy is not an nn.Module, so "
+                    "it has no weights to send; pass weights explicitly."
+                )
+            weights = self.policy.state_dict()
+        self._weights_ref = ray.put(_cpu_weights(weights))
+        self._version += 1
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the latest weights sent (0: the policy given at construction)."""
+        return self._version
+
+    @property
+    def worker_info(self) -> list[dict[str, Any]]:
+        """Per remote collector: slot, pid, node id and env batch size of its actor."""
+        return [
+            {"slot": w.slot, **{k: v for k, v in w.info.items() if k != "error"}}
+            for w in self._workers
+        ]
+
+    # --- requests ------------------------------------------------------------------------
+    def _batches_total(self) -> float:
+        if self.total_frames == -1:
+            return math.inf
+        return math.ceil(self.total_frames / self.frames_per_batch)
+
+    def _needed(self, w: _Worker) -> bool:
+        if self.sync:
+            return w.requested < self._batches_total()
+        in_hand = sum(len(x.queue) + (x.pending is not None) for x in self._workers)
+        return self._yielded + in_hand < self._batches_total()
+
+    def _submit(self, w: _Worker) -> None:
+        interval = self.max_weight_update_interval
+        if interval > -1 and w.since_update > interval and w.version >= self._version:
+            self.update_policy_weights_()  # the local policy's current weights
+        weights = None
+        if w.version < self._version and self._weights_ref is not None:
+            weights = self._weights_ref
+            w.version, w.since_update = self._version, 0
+        w.pending = w.handle.collect.remote(weights, w.version)
+        w.pending_since = time.monotonic()
+        w.requested += 1
+
+    def _maybe_submit(self, w: _Worker) -> None:
+        idle = w.pending is None and not self._hold_prefetch
+        if idle and not (self.update_after_each_batch and w.queue) and self._needed(w):
+            self._submit(w)
+
+    def _wait_some(self, workers: list[_Worker]) -> None:
+        """Wait until a request of ``workers`` finishes (its batch queued) or fails / times
+        out (handled by :meth:`_fault`)."""
+        refs = {w.pending: w for w in workers if w.pending is not None}
+        if not refs:
+            raise RuntimeError("RayCollector: internal error: waiting with no request in flight.")
+        while True:
+            deadline = min(w.pending_since for w in refs.values()) + self.timeout
+            left = deadline - time.monotonic()
+            ready, _ = ray.wait(list(refs), num_returns=1, timeout=max(0.0, min(_WAIT_SLICE, left)))
+            if ready:
+                self._receive(refs[ready[0]])
+                return
+            now = time.monotonic()
+            late = [w for w in refs.values() if now - w.pending_since >= self.timeout]
+            if late:
+                for w in late:
+                    self._fault(w, f"did not answer within timeout={self.timeout:g} s (hung).", "")
+                return
+
+    def _receive(self, w: _Worker) -> None:
+        try:
+            data = ray.get(w.pending, timeout=self.timeout)
+        except ray.exceptions.RayTaskError as err:
+            self._fault(w, "raised an exception while collecting.", _remote_text(err))
+            return
+        except ray.exceptions.RayError as err:
+            self._fault(w, "died (its actor was killed or its process exited).", _remote_text(err))
+            return
+        w.pending = None
+        w.queue.append((next(self._seq), data))
+        w.since_update += 1
+        if not self.update_after_each_batch:
+            self._maybe_submit(w)  # prefetch: overlaps the learner
+
+    def _fault(self, w: _Worker, what: str, remote_traceback: str) -> None:
+        """Remote collector ``w`` failed: kill it, then replace it or raise."""
+        if w.pending is not None:
+            w.pending = None
+            w.requested -= 1  # that batch is lost
+        with contextlib.suppress(Exception):  # already dead
+            ray.kill(w.handle, no_restart=True)
+        if self._restarts >= self.max_restarts or self._next_slot >= self._stride:
+            error = RemoteCollectorError(
+                w.index,
+                what + f" Replacements used: {self._restarts} of max_restarts="
+                f"{self.max_restarts}; everything is shut down. Fix: the remote error below, "
+                f"or max_restarts > {self._restarts} to replace failed collectors.",
+                remote_traceback,
+            )
+            self.shutdown()
+            raise error
+        self._restarts += 1
+        old, w.slot = w.slot, self._next_slot
+        self._next_slot += 1
+        logger.warning(
+            "RayCollector: remote collector %d (slot %d) %s Replaced by a new actor in slot %d "
+            "(replacement %d of %d); its unfinished trajectories are dropped.%s",
+            w.index,
+            old,
+            what,
+            w.slot,
+            self._restarts,
+            self.max_restarts,
+            f"\n{remote_traceback}" if remote_traceback else "",
+        )
+        try:
+            self._start([w])
+        except RemoteCollectorError:
+            self.shutdown()
+            raise
+        self._maybe_submit(w)
+
+    # --- iteration -------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._resources.closed:
+            raise RuntimeError("RayCollector: used after shutdown(); build a new one.")
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        self._check_open()
+        return self._iterate()
+
+    def _iterate(self) -> Iterator[TensorDictBase]:
+        try:
+            yield from (self._iterate_sync() if self.sync else self._iterate_async())
+        except (Exception, KeyboardInterrupt):
+            self.shutdown()
+            raise
+
+    def _done(self) -> bool:
+        return self.total_frames != -1 and self.frames >= self.total_frames
+
+    def _iterate_sync(self) -> Iterator[TensorDictBase]:
+        workers = self._workers
+        while not self._done():
+            self._check_open()
+            for w in workers:
+                self._maybe_submit(w)
+            while True:
+                missing = [w for w in workers if not w.queue]
+                if not missing:
+                    break
+                self._wait_some(missing)
+            batches = [w.queue.popleft()[1] for w in workers]
+            try:
+                data = torch.cat(batches, dim=0) if len(batches) > 1 else batches[0]
+            except (RuntimeError, KeyError) as err:
+                raise RuntimeError(
+                    "RayCollector: the batches of the remote collectors hold different keys or "
+                    "shapes and cannot be concatenated (sync=True). Fix: envs and policies "
+                    "giving the same keys in every remote collector, or sync=False."
+                ) from err
+            self._yielded += 1
+            self.frames += self.frames_per_batch
+            yield data
+            if self.update_after_each_batch and not self._done():
+                self.update_policy_weights_()
+
+    def _iterate_async(self) -> Iterator[TensorDictBase]:
+        workers = self._workers
+        while not self._done():
+            self._check_open()
+            for w in workers:
+                self._maybe_submit(w)
+            queued = [w for w in workers if w.queue]
+            if not queued:
+                self._wait_some([w for w in workers if w.pending is not None])
+                continue
+            w = min(queued, key=lambda x: x.queue[0][0])  # first come, first served
+            data = w.queue.popleft()[1]
+            self._yielded += 1
+            self.frames += self.frames_per_batch
+            yield data
+            if self.update_after_each_batch and not self._done():
+                self.update_policy_weights_()
+
+    def __len__(self) -> int:
+        if self.total_frames == -1:
+            raise TypeError("RayCollector: an endless collector (total_frames=-1) has no len().")
+        return math.ceil(self.total_frames / self.frames_per_batch)
+
+    # --- seeding and state -------------------------------------------------------------------
+    def _call_all(self, method: str, args: list[tuple]) -> list[Any]:
+        """Call ``method`` on every actor (in order after their batches in flight)."""
+        refs = [
+            getattr(w.handle, method).remote(*a) for w, a in zip(self._workers, args, strict=True)
+        ]
+        out = []
+        for w, ref in zip(self._workers, refs, strict=True):
+            budget = self.timeout + (self.timeout if w.pending is not None else 0.0)
+            try:
+                out.append(self._get(ref, budget))
+            except ray.exceptions.RayError as err:
+                self._fault(w, f"failed in {method}().", _remote_text(err))
+                raise RemoteCollectorError(
+                    w.index, f"failed in {method}() and was replaced; call it again."
+                ) from err
+        return out
+
+    def set_seed(self, seed: int) -> int:
+        """Seed remote collector ``i`` (slot ``i``) with ``seed + i * SEED_STRIDE`` (its env
+        and its process's torch RNG); a replacement in slot ``s`` gets ``seed + s *
+        SEED_STRIDE``. Returns ``seed``. Applies from the envs' next reset."""
+        self._check_open()
+        self._seed = int(seed)
+        self._call_all("set_seed", [(self._seed + w.slot * SEED_STRIDE,) for w in self._workers])
+        return seed
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a fresh RayCollector of the same shape needs to go on from here.
+
+        Holds the counters (frames, policy version, restarts), the current weights, the
+        slots and trajectory-id stride, the seed, every remote collector's
+        ``Collector.state_dict()`` with its weights version, and the batches already
+        collected but not yet yielded (batches in flight are waited for first), so nothing
+        is lost. Only tensors and plain Python data: ``torch.load(..., weights_only=True)``
+        reads it back.
+        """
+        self._check_open()
+        self._hold_prefetch = True
+        try:
+            for w in self._workers:
+                while w.pending is not None:
+                    self._wait_some([w])
+            states = self._call_all("state", [() for _ in self._workers])
+        finally:
+            self._hold_prefetch = False
+        weights = None if self._weights_ref is None else to_plain(ray.get(self._weights_ref))
+        return {
+            "format": _STATE_FORMAT,
+            "num_collectors": self.num_collectors,
+            "frames_per_batch": self.frames_per_batch,
+            "sync": self.sync,
+            "frames": self.frames,
+            "batches_yielded": self._yielded,
+            "policy_version": self._version,
+            "weights": weights,
+            "stride": self._stride,
+            "next_slot": self._next_slot,
+            "restarts": self._restarts,
+            "seed": self._seed,
+            "workers": [
+                {
+                    "slot": w.slot,
+                    "version": w.version,
+                    "since_update": w.since_update,
+                    "requested": w.requested,
+                    "collector": state["collector"],
+                    "batches": [[seq, to_plain(td)] for seq, td in w.queue],
+                }
+                for w, state in zip(self._workers, states, strict=True)
+            ],
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Go on from :meth:`state_dict` of a RayCollector of the same shape.
+
+        The saved collectors' trajectory-id layout, id counters, weights versions and
+        not-yet-yielded batches are restored (those batches are yielded first). Each
+        remote ``Collector`` is restored with ``Collector.load_state_dict``: the carried
+        root (and thus the trajectories in progress) only comes back when the env's state
+        lives in its ``state_dict()``; otherwise the envs start new episodes, with ids that
+        go on from the saved counters. The local ``policy`` is not touched (restore it
+        yourself); the saved weights are sent to the remote collectors.
+        """
+        self._check_open()
+        for key in ("num_collectors", "frames_per_batch", "sync"):
+            if state_dict[key] != getattr(self, key):
+                raise ValueError(
+                    f"RayCollector.load_state_dict: the state dict was saved with {key}="
+                    f"{state_dict[key]!r}, this collector has {key}={getattr(self, key)!r}. Fix: "
+                    f"build the RayCollector with the same {key}."
+                )
+        self._hold_prefetch = True
+        try:
+            for w in self._workers:
+                w.pending = None  # a batch in flight belongs to the state being replaced
+            self._call_all("load_state", [(s,) for s in state_dict["workers"]])
+        finally:
+            self._hold_prefetch = False
+        self.frames = int(state_dict["frames"])
+        self._yielded = int(state_dict["batches_yielded"])
+        self._version = int(state_dict["policy_version"])
+        weights = state_dict.get("weights")
+        self._weights_ref = None if weights is None else ray.put(from_plain(weights))
+        self._stride = int(state_dict["stride"])
+        self._next_slot = int(state_dict["next_slot"])
+        self._restarts = int(state_dict["restarts"])
+        self._seed = state_dict.get("seed")
+        self._seq = itertools.count()
+        batches = sorted(
+            (int(seq), i, from_plain(td))
+            for i, s in enumerate(state_dict["workers"])
+            for seq, td in s["batches"]
+        )
+        for w, s in zip(self._workers, state_dict["workers"], strict=True):
+            w.slot = int(s["slot"])
+            w.version = int(s["version"])
+            w.since_update = int(s["since_update"])
+            w.queue.clear()
+        for _seq, i, td in batches:
+            self._workers[i].queue.append((next(self._seq), td))
+        for w in self._workers:
+            w.requested = (self._yielded if self.sync else 0) + len(w.queue)
+
+    # --- shutdown ------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Kill every actor this collector created and shut Ray down if (and only if) this
+        collector started it. Idempotent; also runs when iterating raises, and at exit."""
+        for w in self._workers:
+            w.pending = None
+        self._resources.close()
+
+    def __enter__(self) -> RayCollector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(num_collectors={self.num_collectors}, sync={self.sync}, "
+            f"frames_per_batch={self.frames_per_batch}, total_frames={self.total_frames}, "
+            f"frames={self.frames}, policy_version={self._version})"
+        )
+
+
+def _remote_text(err: BaseException) -> str:
+    """The remote traceback of a Ray error (or its description)."""
+    text = getattr(err, "traceback_str", None)
+    return text if isinstance(text, str) and text else str(err)
