@@ -8,9 +8,10 @@ sampling (slices within trajectories, marks, ``"index"``) is exactly the local o
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import re
-import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,6 +40,7 @@ MISSING_RAY = (
 )
 
 _TD = "__tensordict__"  # marks a TensorDict turned into plain data in a state dict
+_CLOSE_TIMEOUT = 10.0  # seconds the actor gets to clean up before it is killed
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the task name in its messages
 
 
@@ -158,12 +160,6 @@ class RayReplayBuffer:
         if not ray.is_initialized():
             ray.init(**{"include_dashboard": False, **(ray_init_config or {})})
             self._started_ray = True
-        elif ray_init_config is not None:
-            warnings.warn(
-                f"{name}: Ray is already initialized, ray_init_config={ray_init_config!r} is "
-                "ignored (the running Ray is used).",
-                stacklevel=2,
-            )
         options = {"num_cpus": 0, "max_concurrency": 1, **(remote_config or {})}
         actor = _remote_actor_class().options(**options).remote()
         self._actor = actor
@@ -345,6 +341,11 @@ class _BufferActor:
     def pid(self) -> int:
         return os.getpid()
 
+    def close(self) -> None:
+        """Drop the buffer so its storage's temporary files are removed before the kill."""
+        self.buffer = None
+        gc.collect()
+
 
 # -- helpers ---------------------------------------------------------------------------
 _REMOTE_CLASS = None
@@ -362,6 +363,10 @@ def _release(actor, started_ray: bool) -> None:
     """Kill the actor; stop Ray if the owner started it. Never raises (runs at exit)."""
     try:
         if ray.is_initialized():
+            # Let the storage remove its scratch files (a killed process cannot); a dead,
+            # stuck or busy actor is killed all the same.
+            with contextlib.suppress(Exception):
+                ray.get(actor.close.remote(), timeout=_CLOSE_TIMEOUT)
             ray.kill(actor, no_restart=True)
     except Exception:  # already dead / Ray already stopped: nothing to do
         pass

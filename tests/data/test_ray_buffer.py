@@ -1,0 +1,352 @@
+"""RayReplayBuffer: a TensorDictReplayBuffer in a Ray actor behaves as the local one."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from recurrl.data import (
+    LazyMemmapStorage,
+    LazyTensorStorage,
+    RandomSampler,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+    TensorDictReplayBuffer,
+)
+from tests.data._fake import FakeCollector
+
+pytest.importorskip("ray")
+
+SEED = 7
+
+
+def _run(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True, text=True, timeout=timeout, env=env,
+    )  # fmt: skip
+
+
+def _batches(num: int = 3, envs: int = 3, steps: int = 12) -> list[TensorDictBase]:
+    """``[N, T]`` batches of several trajectories per env (mid-row resets)."""
+    fake = FakeCollector(envs, 2, 7, seed=1)
+    return [fake.batch(steps) for _ in range(num)]
+
+
+def _equal(a: TensorDictBase, b: TensorDictBase) -> bool:
+    keys = set(a.keys(True, True))
+    return keys == set(b.keys(True, True)) and all(torch.equal(a[k], b[k]) for k in keys)
+
+
+def _pair(make_sampler, storage=None, max_size: int = 80, batch_size: int = 16):
+    """A local and a remote buffer fed the same batches; the local one seeded like the
+    remote one (samplers draw from torch's global generator)."""
+    from recurrl.data import RayReplayBuffer
+
+    storage = storage if storage is not None else LazyTensorStorage(max_size)
+    remote = RayReplayBuffer(storage=storage, sampler=make_sampler(), batch_size=batch_size,
+                             seed=SEED)  # fmt: skip
+    local = TensorDictReplayBuffer(storage=LazyTensorStorage(max_size), sampler=make_sampler(),
+                                   batch_size=batch_size)  # fmt: skip
+    torch.manual_seed(SEED)
+    return local, remote
+
+
+# -- import ---------------------------------------------------------------------------
+def test_importing_recurrl_does_not_import_ray():
+    done = _run("""
+        import sys
+        import recurrl, recurrl.data
+        from recurrl.data import *  # noqa: F403
+        assert "ray" not in sys.modules, "ray was imported"
+        print("ok")
+    """)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr
+
+
+def test_without_ray_the_import_error_says_what_to_install():
+    done = _run("""
+        import sys
+        sys.modules["ray"] = None  # as if not installed
+        try:
+            from recurrl.data import RayReplayBuffer
+        except ImportError as err:
+            print(err)
+    """)
+    assert done.returncode == 0, done.stderr
+    assert 'pip install "recurrl[ray]"' in done.stdout
+
+
+# -- same answers as the local buffer ---------------------------------------------------
+def test_slice_sampling_matches_the_local_buffer_and_stays_in_trajectories(ray_session):
+    local, remote = _pair(lambda: SliceSampler(slice_len=4))
+    try:
+        for batch in _batches():  # 108 steps into 80: the ring wraps
+            assert torch.equal(remote.extend(batch), local.extend(batch))
+        assert len(remote) == len(local) == 80
+        for _ in range(3):
+            got, want = remote.sample(), local.sample()
+            assert _equal(got, want)
+            tid, t = got["tid"].view(4, 4), got["t"].view(4, 4)
+            assert (tid == tid[:, :1]).all()  # a slice never crosses a trajectory
+            assert (t[:, 1:] == t[:, :-1] + 1).all()  # ... and is contiguous in time
+            assert got["is_init"].view(4, 4)[:, 0].all()
+        got, info = remote.sample(8, return_info=True)
+        want, want_info = local.sample(8, return_info=True)
+        assert _equal(got, want) and set(info) == set(want_info)
+        assert all(torch.equal(info[k], want_info[k]) for k in info)
+        assert torch.equal(info["index"], got["index"])
+    finally:
+        remote.shutdown()
+
+
+def test_random_sampling_and_add_match_the_local_buffer(ray_session):
+    local, remote = _pair(RandomSampler)
+    try:
+        batch = _batches(1)[0]
+        assert torch.equal(remote.extend(batch), local.extend(batch))
+        step = batch[1, 3]
+        assert remote.add(step) == local.add(step) == 36
+        assert len(remote) == len(local) == 37
+        assert _equal(remote.sample(), local.sample())
+        assert _equal(remote.sample(5), local.sample(5))
+        remote.set_seed(3)
+        torch.manual_seed(3)
+        assert _equal(remote.sample(), local.sample())
+    finally:
+        remote.shutdown()
+
+
+def test_iteration_stops_with_the_epoch_as_locally(ray_session):
+    local, remote = _pair(lambda: SliceSamplerWithoutReplacement(slice_len=4))
+    try:
+        for batch in _batches(1):
+            remote.extend(batch)
+            local.extend(batch)
+        got, want = list(remote), list(local)
+        assert len(got) == len(want) > 1
+        assert all(_equal(a, b) for a, b in zip(got, want, strict=True))
+    finally:
+        remote.shutdown()
+
+
+# -- handles ----------------------------------------------------------------------------
+def test_a_ray_task_writes_and_samples_through_a_pickled_handle(ray_session):
+    from recurrl.data import RayReplayBuffer
+
+    ray = ray_session
+
+    def mark(td):  # runs where sample() is called
+        return td.set("sampled_in", torch.full(td.batch_size, os.getpid()))
+
+    rb = RayReplayBuffer(storage=LazyTensorStorage(100), batch_size=4, transform=mark)
+
+    @ray.remote(num_cpus=0)
+    def writer(buffer, data):
+        index = buffer.extend(data)
+        pid = int(buffer.sample()["sampled_in"][0])
+        return index, len(buffer), pid, os.getpid(), buffer.is_owner
+
+    try:
+        batch = _batches(1)[0]
+        index, length, pid, task_pid, owner = ray.get(writer.remote(rb, batch), timeout=120)
+        assert torch.equal(index, torch.arange(36)) and length == 36 == len(rb)
+        assert pid == task_pid != os.getpid() and not owner  # transform on the caller side
+        assert int(rb.sample()["sampled_in"][0]) == os.getpid()
+    finally:
+        rb.shutdown()
+
+
+def test_a_handles_shutdown_leaves_the_actor_and_the_owners_kills_it(ray_session, fail_after):
+    from recurrl.data import RayReplayBuffer
+
+    rb = RayReplayBuffer(storage=LazyTensorStorage(10), batch_size=2, timeout=60)
+    rb.extend(TensorDict({"x": torch.arange(4)}, [4]))
+    handle, other = pickle.loads(pickle.dumps(rb)), pickle.loads(pickle.dumps(rb))
+    assert rb.is_owner and not handle.is_owner and "handle" in repr(handle)
+    handle.shutdown()
+    assert len(rb) == len(other) == 4  # the actor lives on
+    with pytest.raises(RuntimeError, match="shut down"):
+        len(handle)
+    rb.shutdown()
+    rb.shutdown()  # twice is harmless
+    with pytest.raises(RuntimeError, match="shut down"):
+        rb.sample()
+    with fail_after(60), pytest.raises(RuntimeError, match=r"RayReplayBuffer\(actor .*dead"):
+        for _ in range(100):  # the kill is asynchronous: the actor is dead within moments
+            len(other)
+            time.sleep(0.1)
+
+
+def test_unreferenced_owner_kills_its_actor(ray_session, fail_after):
+    import gc
+
+    from recurrl.data import RayReplayBuffer
+
+    rb = RayReplayBuffer(storage=LazyTensorStorage(10), timeout=60)
+    handle = pickle.loads(pickle.dumps(rb))
+    del rb
+    gc.collect()
+    with fail_after(60), pytest.raises(RuntimeError, match="dead"):
+        for _ in range(100):
+            len(handle)
+            time.sleep(0.1)
+
+
+# -- errors ---------------------------------------------------------------------------
+def test_remote_errors_keep_their_type_and_carry_the_remote_traceback(ray_session, tmp_path):
+    from ray.exceptions import RayError
+
+    from recurrl.data import RayReplayBuffer
+
+    rb = RayReplayBuffer(storage=LazyTensorStorage(10), sampler=SliceSampler(slice_len=2))
+    try:
+        with pytest.raises(RuntimeError, match="the storage is empty") as empty:
+            rb.sample(4)
+        rb.extend(TensorDict({"x": torch.arange(4), ("collector", "traj_ids"):
+                              torch.zeros(4, dtype=torch.int64)}, [4]))  # fmt: skip
+        with pytest.raises(ValueError, match="does not match the stored layout") as layout:
+            rb.extend(TensorDict({"y": torch.zeros(3)}, [3]))
+        with pytest.raises(ValueError, match="expected a batch_size"):
+            rb.sample()
+        with pytest.raises(ValueError, match="positive multiple of slice_len"):
+            rb.sample(3)
+        with pytest.raises(FileNotFoundError, match="expected a directory written by dumps"):
+            rb.loads(tmp_path / "nothing")
+        for err in (empty.value, layout.value):
+            assert not isinstance(err, RayError)
+            assert "remote traceback" in str(err) and "replay_buffers.py" in str(err)
+        assert len(rb) == 4  # an error leaves the buffer usable
+    finally:
+        rb.shutdown()
+
+
+def test_construction_errors_are_raised_before_any_actor(ray_session):
+    from recurrl.data import RayReplayBuffer
+
+    with pytest.raises(TypeError, match="expected storage to be a recurrl"):
+        RayReplayBuffer()
+    with pytest.raises(ValueError, match="positive multiple of slice_len"):
+        RayReplayBuffer(storage=LazyTensorStorage(8), sampler=SliceSampler(slice_len=4),
+                        batch_size=6)  # fmt: skip
+    with pytest.raises(ValueError, match="timeout"):
+        RayReplayBuffer(storage=LazyTensorStorage(8), timeout=0)
+
+
+def test_a_slow_call_times_out_instead_of_hanging(ray_session, fail_after):
+    from recurrl.data import RayReplayBuffer
+
+    def slow(td):  # collate_fn runs in the actor
+        time.sleep(3)
+        return td
+
+    rb = RayReplayBuffer(storage=LazyTensorStorage(8), batch_size=2, collate_fn=slow)
+    try:
+        rb.extend(TensorDict({"x": torch.arange(4)}, [4]))
+        rb.timeout = 0.5
+        with fail_after(30), pytest.raises(TimeoutError, match=r"timeout=0\.5"):
+            rb.sample()
+    finally:
+        rb.shutdown()
+
+
+# -- persistence ------------------------------------------------------------------------
+def _plain_only(obj) -> bool:
+    if isinstance(obj, dict):
+        return all(_plain_only(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return all(_plain_only(v) for v in obj)
+    return obj is None or type(obj) in (torch.Tensor, int, float, bool, str)
+
+
+def test_state_dict_round_trips_through_a_weights_only_file(ray_session, tmp_path):
+    from recurrl.data import RayReplayBuffer
+
+    def make():
+        return RayReplayBuffer(storage=LazyTensorStorage(50), sampler=SliceSampler(slice_len=3),
+                               batch_size=9, seed=0)  # fmt: skip
+
+    rb, restored = make(), make()
+    try:
+        for batch in _batches(2):  # 72 steps into 50: wrapped, with sampler bookkeeping
+            rb.extend(batch)
+        state = rb.state_dict()
+        assert _plain_only(state)
+        torch.save(state, tmp_path / "buffer.pt")
+        restored.load_state_dict(torch.load(tmp_path / "buffer.pt", weights_only=True))
+        assert len(restored) == len(rb) == 50
+        rb.set_seed(5)
+        restored.set_seed(5)
+        assert _equal(restored.sample(), rb.sample())
+        more = _batches(3)[2]
+        assert torch.equal(restored.extend(more), rb.extend(more))  # writer state too
+        assert _equal(restored.sample(), rb.sample())
+    finally:
+        rb.shutdown()
+        restored.shutdown()
+
+
+def test_dumps_and_loads_run_in_the_actor(ray_session, tmp_path):
+    from recurrl.data import RayReplayBuffer
+
+    rb = RayReplayBuffer(storage=LazyTensorStorage(40), sampler=SliceSampler(slice_len=2),
+                         batch_size=4, seed=0)  # fmt: skip
+    try:
+        for batch in _batches(2):
+            rb.extend(batch)
+        rb.dumps(tmp_path / "rb")  # same node here: the files are visible to the test
+        assert (tmp_path / "rb" / "buffer_state.pt").exists()
+        # a local buffer reads what the actor wrote, and the actor reads it back
+        local = TensorDictReplayBuffer(storage=LazyTensorStorage(40),
+                                       sampler=SliceSampler(slice_len=2), batch_size=4)  # fmt: skip
+        local.loads(tmp_path / "rb")
+        rb.extend(_batches(3)[2])  # changes the actor's buffer ...
+        rb.loads(tmp_path / "rb")  # ... which loads() undoes
+        assert len(rb) == len(local) == 40
+        rb.set_seed(1)
+        torch.manual_seed(1)
+        assert _equal(rb.sample(), local.sample())
+    finally:
+        rb.shutdown()
+
+
+# -- storages ---------------------------------------------------------------------------
+def test_a_memmap_storage_gets_its_own_files_in_the_actor(ray_session, tmp_path):
+    storage = LazyMemmapStorage(30, scratch_dir=tmp_path / "disk")
+    local, remote = _pair(lambda: SliceSampler(slice_len=3), storage, 30, 6)
+    try:
+        for batch in _batches(1):
+            assert torch.equal(remote.extend(batch), local.extend(batch))
+        assert not storage.initialized  # the caller's storage object was copied, untouched
+        actor_dirs = [p for p in (tmp_path / "disk").iterdir() if p.is_dir()]
+        assert len(actor_dirs) == 1 and list(actor_dirs[0].rglob("*.memmap"))
+        assert _equal(remote.sample(), local.sample())
+    finally:
+        remote.shutdown()
+    assert not actor_dirs[0].exists()  # shut down cleanly: its scratch files are removed
+
+
+def test_the_buffer_starts_ray_when_needed_and_its_owner_stops_it():
+    done = _run("""
+        import ray, torch
+        from tensordict import TensorDict
+        from recurrl.data import LazyTensorStorage, RayReplayBuffer
+        rb = RayReplayBuffer(storage=LazyTensorStorage(8), batch_size=2, ray_init_config=dict(
+            num_cpus=1, log_to_driver=False, configure_logging=False))
+        assert ray.is_initialized()
+        rb.extend(TensorDict({"x": torch.arange(3)}, [3]))
+        assert len(rb) == 3
+        rb.shutdown()
+        assert not ray.is_initialized()
+        print("ok")
+    """, timeout=180)  # fmt: skip
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
