@@ -109,7 +109,6 @@ class RayReplayBuffer:
         torch.Size([10])
         >>> len(rb), rb.sample()["obs"].shape  # doctest: +SKIP
         (10, torch.Size([8, 3]))
-        >>> rb.shutdown()  # doctest: +SKIP
 
         A remote writer receives a handle (here a Ray task; a remote collector likewise):
 
@@ -118,6 +117,7 @@ class RayReplayBuffer:
         ...     return buffer.extend(data)
         >>> ray.get(write.remote(rb, batch))  # doctest: +SKIP
         tensor([10, 11, 12, 13, 14, 15, 16, 17, 18, 19])
+        >>> rb.shutdown()  # kills the actor (the owner only)  # doctest: +SKIP
     """
 
     def __init__(
