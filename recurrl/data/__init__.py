@@ -1,4 +1,8 @@
-"""Replay: storages, writers, samplers (random and trajectory slices) and replay buffers."""
+"""Replay: storages, writers, samplers (random and trajectory slices) and replay buffers.
+
+``RayReplayBuffer`` (a replay buffer in a Ray actor; needs ``pip install "recurrl[ray]"``) is
+imported on first use, so importing this package never imports Ray.
+"""
 
 from recurrl.data.replay_buffers import ReplayBuffer, TensorDictReplayBuffer
 from recurrl.data.samplers import (

@@ -392,10 +392,20 @@ def _local_error(err: RayTaskError, where: str) -> BaseException:
     # Ray's error (a dual RayTaskError(<type>) instance) prints as the remote traceback.
     remote = _ANSI.sub("", getattr(err, "traceback_str", None) or str(err))
     text = f"{message}\n\n[{where}: raised in the buffer's actor; remote traceback:]\n{remote}"
+    if isinstance(cause, KeyError):  # KeyError prints repr(message): newlines as "\n"
+        return RemoteKeyError(text)
     try:
         return type(cause)(text)
     except Exception:  # a type with another constructor: keep Ray's error
         return err
+
+
+class RemoteKeyError(KeyError):
+    """A ``KeyError`` raised in the buffer's actor, printed as text (with the remote
+    traceback) rather than as the ``repr`` of its message."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 def _to_plain(obj: Any) -> Any:

@@ -222,7 +222,13 @@ def test_remote_errors_keep_their_type_and_carry_the_remote_traceback(ray_sessio
             rb.sample(3)
         with pytest.raises(FileNotFoundError, match="expected a directory written by dumps"):
             rb.loads(tmp_path / "nothing")
-        for err in (empty.value, layout.value):
+        no_ids = RayReplayBuffer(storage=LazyTensorStorage(4), timeout=60,
+                                 sampler=SliceSampler(slice_len=2, traj_key="tid"))  # fmt: skip
+        # printed as text (real newlines), not as the repr of a message
+        with pytest.raises(KeyError, match=r"trajectory id key 'tid'.*\)\.\n\n\[RayRep") as key:
+            no_ids.extend(TensorDict({"x": torch.arange(2)}, [2]))
+        no_ids.shutdown()
+        for err in (empty.value, layout.value, key.value):
             assert not isinstance(err, RayError)
             assert "remote traceback" in str(err) and "replay_buffers.py" in str(err)
         assert len(rb) == 4  # an error leaves the buffer usable
