@@ -62,11 +62,13 @@ class RayReplayBuffer:
     the path is on the actor's node.
 
     **Ray.** If Ray is not initialized, the buffer calls ``ray.init(**ray_init_config)``
-    (default ``include_dashboard=False``, a local cluster; ``{"address": ...}`` joins an
-    existing one) and its owner's :meth:`shutdown` calls ``ray.shutdown()``. If Ray is
-    initialized, the buffer uses it and never shuts it down. The actor is created with
-    ``.options(**remote_config)``, default ``{"num_cpus": 0}``: it takes no CPU a collector
-    could use.
+    (defaults: ``include_dashboard=False`` and a new local cluster, ``address="local"``,
+    unless ``RAY_ADDRESS`` is set; ``{"address": "auto"}`` or ``{"address": "host:port"}``
+    joins an existing one) and its owner's :meth:`shutdown` calls ``ray.shutdown()`` (for
+    every user of Ray in the process: start Ray yourself if other Ray objects outlive the
+    buffer). If Ray is initialized, the buffer uses it and never shuts it down. The actor
+    is created with ``.options(**remote_config)``, default ``{"num_cpus": 0}``: it takes no
+    CPU a collector could use.
 
     **Handles.** Pickling a ``RayReplayBuffer`` (Ray does, when it is passed to a task or
     an actor) gives a *handle* on the same actor: ``extend``, ``sample``, ``len`` ... work
@@ -158,7 +160,7 @@ class RayReplayBuffer:
         self._owner, self._actor = True, None
         self._started_ray = False
         if not ray.is_initialized():
-            ray.init(**{"include_dashboard": False, **(ray_init_config or {})})
+            ray.init(**_init_kwargs(ray_init_config))
             self._started_ray = True
         options = {"num_cpus": 0, "max_concurrency": 1, **(remote_config or {})}
         actor = _remote_actor_class().options(**options).remote()
@@ -357,6 +359,16 @@ def _remote_actor_class():
     if _REMOTE_CLASS is None:
         _REMOTE_CLASS = ray.remote(_BufferActor)
     return _REMOTE_CLASS
+
+
+def _init_kwargs(config: dict[str, Any] | None) -> dict[str, Any]:
+    """``ray.init`` arguments: a new local cluster unless an address is given (in the
+    config or ``RAY_ADDRESS``). Ray's own default (no address) would join a cluster that
+    ``ray start`` left on this machine, where ``num_cpus=`` then fails."""
+    kwargs = {"include_dashboard": False, **(config or {})}
+    if "address" not in kwargs and not os.environ.get("RAY_ADDRESS"):
+        kwargs["address"] = "local"
+    return kwargs
 
 
 def _release(actor, started_ray: bool) -> None:

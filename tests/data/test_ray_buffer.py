@@ -356,3 +356,15 @@ def test_the_buffer_starts_ray_when_needed_and_its_owner_stops_it():
         print("ok")
     """, timeout=180)  # fmt: skip
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_ray_is_started_locally_unless_an_address_is_given(monkeypatch):
+    from recurrl.data.ray_buffer import _init_kwargs
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert _init_kwargs(None) == {"include_dashboard": False, "address": "local"}
+    assert _init_kwargs({"address": "auto"})["address"] == "auto"
+    assert _init_kwargs({"num_cpus": 2, "include_dashboard": True}) == {
+        "include_dashboard": True, "num_cpus": 2, "address": "local"}  # fmt: skip
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert "address" not in _init_kwargs(None)  # Ray reads RAY_ADDRESS itself
