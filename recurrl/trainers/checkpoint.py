@@ -373,9 +373,9 @@ def _restore_remote(collector: Any, saved: dict[str, Any], path: Path) -> None:
         stacklevel=5,
     )
     saved = dict(saved)
-    saved["collectors"] = [
+    saved["workers"] = [
         {**worker, "collector": {**worker["collector"], "root": None}}
-        for worker in saved["collectors"]
+        for worker in saved["workers"]
     ]
     collector.load_state_dict(saved)
 
@@ -385,7 +385,7 @@ def _restore(state: dict[str, Any], trainer: Any, path: Path, trust: bool) -> No
     trainer.optimizer.load_state_dict(state["optimizer"])
     collector = trainer.collector
     saved = dict(state["collector"])
-    remote = "collectors" in saved
+    remote = "workers" in saved  # a RayCollector's state
     if remote == isinstance(collector, Collector):
         raise CheckpointError(
             f"{path} was written with the {'ray' if remote else 'local'} collector, this run "

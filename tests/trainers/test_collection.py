@@ -106,7 +106,7 @@ def test_ppo_trains_resumes_and_evaluates_with_ray_workers(ray_session, tmp_path
     assert any(line.startswith("greedy evaluation: mean_return:") for line in lines)
     assert [int(r["frames"]) for r in read_metrics(run_dir)] == [128, 256]
     state = ckpt.load(run_dir)  # weights-only and digest-checked, like a local run's
-    assert state["frames"] == 256 and len(state["collector"]["collectors"]) == 2
+    assert state["frames"] == 256 and len(state["collector"]["workers"]) == 2
     assert load_config(run_dir).env.collector == "ray"
 
     assert main(["train", "--resume", str(run_dir), "--frames", "384"]) == 0
