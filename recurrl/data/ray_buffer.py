@@ -74,7 +74,10 @@ class RayReplayBuffer:
     an actor) gives a *handle* on the same actor: ``extend``, ``sample``, ``len`` ... work
     from any process of the cluster. Only the *owner*, the object that created the actor,
     kills it: at :meth:`shutdown`, when it is garbage collected, or at interpreter exit. A
-    handle's :meth:`shutdown` only releases that handle; the actor goes on.
+    handle's :meth:`shutdown` only releases that handle; the actor goes on. A handle
+    carries ``transform`` (its samples are transformed as the owner's): it must unpickle
+    where the handle goes (e.g. no CUDA tensors for a CPU-only collector); otherwise
+    build the buffer without it and transform samples yourself.
 
     **Errors.** An exception raised in the actor reaches the caller with its own type
     (``ValueError`` for a batch of the wrong keys, ``RuntimeError`` for sampling an empty
