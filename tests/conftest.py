@@ -56,7 +56,8 @@ def ray_session():
     """One local Ray cluster for the whole test run (start-up is paid once).
 
     Always a cluster started here, on this machine: never an address from the environment
-    (``RAY_ADDRESS`` is cleared). Tests that need Ray take this fixture; they are skipped
+    (``RAY_ADDRESS`` is cleared) nor a cluster that ``ray start`` left on the machine
+    (``address="local"``). Tests that need Ray take this fixture; they are skipped
     when the ``ray`` extra is not installed.
     """
     import os
@@ -66,6 +67,7 @@ def ray_session():
     started = not ray.is_initialized()
     if started:
         ray.init(
+            address="local",
             num_cpus=4,
             include_dashboard=False,
             log_to_driver=False,
