@@ -248,10 +248,12 @@ class RayCollector:
             collector, concatenated along the env dim (collector 0's envs first).
             ``False``: yield each remote collector's batch as soon as it is ready.
         ray_init_config: ``ray.init`` keyword arguments. Without ``"address"``: an already
-            initialized Ray is used as is (and left running); else Ray is started locally
-            (defaults ``num_cpus`` enough for the collectors, ``include_dashboard=False``)
-            and shut down by :meth:`shutdown`. With ``"address"`` (``"auto"`` or
-            ``"ray://host:port"``) the driver joins that cluster (and only disconnects).
+            initialized Ray is used as is (and left running); else a new local Ray is
+            started (``address="local"``, so neither ``RAY_ADDRESS`` nor a cluster left by
+            ``ray start`` is joined; defaults ``num_cpus`` enough for the collectors,
+            ``include_dashboard=False``) and shut down by :meth:`shutdown`. With
+            ``"address"`` (``"auto"`` or ``"ray://host:port"``) the driver joins that
+            cluster (and only disconnects from it at :meth:`shutdown`).
         remote_configs: ``.options(...)`` of the actors (``num_cpus``, ``num_gpus``,
             ``resources``, ...): a dict for all or a list of dicts, one per remote
             collector. Default ``{"num_cpus": 1}``.
@@ -402,6 +404,9 @@ class RayCollector:
         if "address" not in config and ray.is_initialized():
             return  # someone else's Ray: used, never shut down
         if "address" not in config:
+            # a new local cluster: without an address Ray would join one left by
+            # `ray start` or named by RAY_ADDRESS (where num_cpus= is an error)
+            config["address"] = "local"
             needed = sum(float(c.get("num_cpus", 1)) for c in self._remote_configs)
             config.setdefault("num_cpus", max(os.cpu_count() or 1, math.ceil(needed)))
             config.setdefault("include_dashboard", False)
@@ -714,21 +719,21 @@ class RayCollector:
         return math.ceil(self.total_frames / self.frames_per_batch)
 
     # --- seeding and state -------------------------------------------------------------------
-    def _call_all(self, method: str, args: list[tuple]) -> list[Any]:
-        """Call ``method`` on every actor (in order after their batches in flight)."""
-        refs = [
-            getattr(w.handle, method).remote(*a) for w, a in zip(self._workers, args, strict=True)
-        ]
+    def _call_all(self, method: str, args: Callable[[_Worker], tuple]) -> list[Any]:
+        """Call ``method(*args(w))`` on every actor ``w`` (after its batch in flight, if
+        any); an actor that fails is handled by :meth:`_fault`, and its replacement (set up
+        with the current weights and seed) is called in turn."""
+        refs = [getattr(w.handle, method).remote(*args(w)) for w in self._workers]
         out = []
         for w, ref in zip(self._workers, refs, strict=True):
             budget = self.timeout + (self.timeout if w.pending is not None else 0.0)
-            try:
-                out.append(self._get(ref, budget))
-            except ray.exceptions.RayError as err:
-                self._fault(w, f"failed in {method}().", _remote_text(err))
-                raise RemoteCollectorError(
-                    w.index, f"failed in {method}() and was replaced; call it again."
-                ) from err
+            while True:
+                try:
+                    out.append(self._get(ref, budget))
+                    break
+                except ray.exceptions.RayError as err:
+                    self._fault(w, f"failed in {method}().", _remote_text(err))  # or raises
+                    ref, budget = getattr(w.handle, method).remote(*args(w)), self.timeout
         return out
 
     def set_seed(self, seed: int) -> int:
@@ -737,7 +742,7 @@ class RayCollector:
         SEED_STRIDE``. Returns ``seed``. Applies from the envs' next reset."""
         self._check_open()
         self._seed = int(seed)
-        self._call_all("set_seed", [(self._seed + w.slot * SEED_STRIDE,) for w in self._workers])
+        self._call_all("set_seed", lambda w: (self._seed + w.slot * SEED_STRIDE,))
         return seed
 
     def state_dict(self) -> dict[str, Any]:
@@ -756,7 +761,7 @@ class RayCollector:
             for w in self._workers:
                 while w.pending is not None:
                     self._wait_some([w])
-            states = self._call_all("state", [() for _ in self._workers])
+            states = self._call_all("state", lambda w: ())
         finally:
             self._hold_prefetch = False
         weights = None if self._weights_ref is None else to_plain(ray.get(self._weights_ref))
@@ -809,7 +814,8 @@ class RayCollector:
         try:
             for w in self._workers:
                 w.pending = None  # a batch in flight belongs to the state being replaced
-            self._call_all("load_state", [(s,) for s in state_dict["workers"]])
+            saved = state_dict["workers"]
+            self._call_all("load_state", lambda w: (saved[w.index],))
         finally:
             self._hold_prefetch = False
         self.frames = int(state_dict["frames"])

@@ -364,15 +364,27 @@ def test_load_state_dict_of_another_shape_raises(ray_session):
 def test_set_seed_distinct_and_reproducible_per_worker(ray_session):
     env_fn = functools.partial(SeededEnv, batch_size=(2,))
     firsts = []
-    for _ in range(2):
-        with RayCollector(env_fn, frames_per_batch=8, total_frames=8) as collector:
+    for restarts in (0, 1):
+        with RayCollector(
+            env_fn,
+            frames_per_batch=8,
+            total_frames=16,
+            max_restarts=restarts,
+            update_after_each_batch=True,  # no prefetch: the kill hits the next request
+        ) as collector:
             assert collector.set_seed(7) == 7
-            data = next(iter(collector))
-            firsts.append(data["observation"][:, 0, 0])
+            it = iter(collector)
+            firsts.append(next(it)["observation"][:, 0, 0])
+            if restarts:  # a replacement (slot 2) is seeded from its slot
+                ray.kill(collector._workers[0].handle, no_restart=True)
+                replaced = next(it)["observation"][:2, 0, 0]
+                assert collector.worker_info[0]["slot"] == 2
     torch.testing.assert_close(firsts[0], firsts[1], rtol=0, atol=0)
     fractions = [((7 + i * SEED_STRIDE) % 1000) / 1000 for i in (0, 0, 1, 1)]
     torch.testing.assert_close(firsts[0], torch.tensor(fractions))
     assert firsts[0][0] != firsts[0][2]
+    fraction = ((7 + 2 * SEED_STRIDE) % 1000) / 1000
+    torch.testing.assert_close(replaced, torch.tensor([fraction] * 2))
 
 
 # --- faults --------------------------------------------------------------------------------
