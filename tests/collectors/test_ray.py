@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -464,6 +465,25 @@ def test_hanging_env_times_out(ray_session, fail_after):
             next(iter(collector))
         assert time.monotonic() - started < 30
     assert dead(collector._workers[0].handle)
+
+
+def test_interrupted_iteration_shuts_everything_down(ray_session):
+    hanging = functools.partial(FailingEnv, "hang", 1, batch_size=(2,))
+    collector = RayCollector([make_env, hanging], frames_per_batch=8)
+    handles = [w.handle for w in collector._workers]
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 2.0)  # Ctrl-C while waiting for the batch
+        with pytest.raises(KeyboardInterrupt):
+            next(iter(collector))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert all(dead(h) for h in handles)
 
 
 # --- replay buffer -----------------------------------------------------------------------------
