@@ -20,17 +20,12 @@ from recurrl.trainers.models import make_env
 from recurrl.trainers.ppo import PPOTrainer
 
 from ._helpers import parse_train, run_cli
+from .test_dqn import TINY as DQN_TINY
 
 PPO_TINY = [
     "--num-envs", "2", "--frames", "256", "--frames-per-batch", "128", "--num-minibatches", "2",
     "--epochs", "2", "--hidden-size", "8", "--quiet", "--no-plot", "--no-tensorboard",
     "--eval-episodes", "2",
-]  # fmt: skip
-DQN_TINY = [
-    "--algo", "dqn", "--num-envs", "2", "--frames", "256", "--frames-per-batch", "64",
-    "--learning-starts", "128", "--updates-per-batch", "2", "--num-slices", "4",
-    "--burn-in", "4", "--train-len", "8", "--hidden-size", "8", "--quiet", "--no-plot",
-    "--no-tensorboard", "--eval-episodes", "0",
 ]  # fmt: skip
 RAY = ["--collector", "ray", "--workers", "2"]
 
