@@ -82,6 +82,21 @@ class FailingEnv(CountingEnv):
         return super()._step(tensordict)
 
 
+class HangOnceEnv(CountingEnv):
+    """Hangs at its first step unless ``flag`` exists (and creates it): only the first
+    instance built hangs, a replacement is healthy."""
+
+    def __init__(self, flag: str, **kwargs):
+        super().__init__(**kwargs)
+        self.flag = flag
+
+    def _step(self, tensordict):
+        if not os.path.exists(self.flag):
+            open(self.flag, "w").close()
+            time.sleep(600)
+        return super()._step(tensordict)
+
+
 class SeededEnv(CountingEnv):
     """Observation = step count + (seed mod 1000) / 1000: shows which seed the env got."""
 
@@ -465,6 +480,22 @@ def test_hanging_env_times_out(ray_session, fail_after):
             next(iter(collector))
         assert time.monotonic() - started < 30
     assert dead(collector._workers[0].handle)
+
+
+def test_hanging_env_is_replaced_when_restarts_are_allowed(ray_session, fail_after, tmp_path):
+    hang_once = functools.partial(HangOnceEnv, str(tmp_path / "hung"), batch_size=(2,))
+    with (
+        fail_after(120),
+        RayCollector(
+            [hang_once, make_env], frames_per_batch=8, total_frames=16, timeout=2, max_restarts=1
+        ) as collector,
+    ):
+        batches = list(collector)
+        assert [w["slot"] for w in collector.worker_info] == [2, 1]
+    assert len(batches) == 2
+    first = batches[0]
+    assert first["observation"][:2, :, 0].tolist() == [[0.0, 1.0]] * 2  # fresh episodes
+    assert {i % 3 for i in first["collector", "traj_ids"][:2].flatten().tolist()} == {2}
 
 
 def test_interrupted_iteration_shuts_everything_down(ray_session):
