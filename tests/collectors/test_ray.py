@@ -247,7 +247,13 @@ def test_env_factory_raising_is_reported_at_construction(ray_session):
 def test_async_batches_per_worker_and_versions(ray_session):
     _, policy = make_policy()
     with RayCollector(
-        make_env, policy, frames_per_batch=8, total_frames=48, num_collectors=2, sync=False
+        make_env,
+        policy,
+        frames_per_batch=8,
+        total_frames=48,
+        num_collectors=2,
+        sync=False,
+        collector_kwargs=[{}, {"init_random_frames": 8}],  # per worker
     ) as collector:
         assert len(collector) == 6
         batches = []
@@ -261,6 +267,10 @@ def test_async_batches_per_worker_and_versions(ray_session):
     workers = [int(b["collector", "worker_id"][0, 0]) for b in batches]
     assert all((b["collector", "worker_id"] == w).all() for b, w in zip(batches, workers))
     assert set(workers) == {0, 1}
+    # collector_kwargs reach each worker's Collector: worker 1's first batch is random
+    # actions (no policy output), worker 0's is not
+    first = {w: next(b for b, x in zip(batches, workers) if x == w) for w in (0, 1)}
+    assert "logits" in first[0] and "logits" not in first[1]
     # no request past total_frames: 6 batches of 8 frames collected in all
     assert sum(w["collector"]["frames"] for w in state["workers"]) == 48
     versions = {w: [] for w in (0, 1)}
@@ -271,7 +281,7 @@ def test_async_batches_per_worker_and_versions(ray_session):
     assert int(batches[-1]["collector", "policy_version"][0, 0]) == 1  # the update arrived
     # each worker's batches continue each other (trajectories go on across its batches)
     for w in (0, 1):
-        own = torch.cat([b for b, x in zip(batches, workers) if x == w], dim=1)
+        own = torch.cat([b.select("observation") for b, x in zip(batches, workers) if x == w], 1)
         assert own["observation"][..., 0].tolist() == [
             [float(t % n) for t in range(own.shape[1])] for n in LENGTHS
         ]
@@ -303,7 +313,9 @@ def test_weight_updates_change_remote_actions(ray_session):
     assert seen == [([0], [0]), ([1], [1]), ([0], [2]), ([1], [3])]
 
 
-def test_explicit_update_reaches_every_worker_after_the_prefetched_batch(ray_session):
+def test_explicit_update_reaches_every_worker_after_the_prefetched_batch(ray_session, monkeypatch):
+    import recurrl.collectors.ray as ray_collector
+
     _, policy = make_policy(bias=(1.0, 0.0))
     _, other = make_policy(bias=(0.0, 1.0))
     with RayCollector(
@@ -311,7 +323,14 @@ def test_explicit_update_reaches_every_worker_after_the_prefetched_batch(ray_ses
     ) as collector:
         it = iter(collector)
         first = next(it)
+        put, real_put = [], ray.put
+        monkeypatch.setattr(
+            ray_collector.ray, "put", lambda value: put.append(value) or real_put(value)
+        )
         collector.update_policy_weights_(other.state_dict())
+        monkeypatch.undo()
+        assert len(put) == 1  # one object for every worker, on CPU and detached
+        assert all(not t.requires_grad and t.device.type == "cpu" for t in put[0].values())
         assert collector.policy_version == 1
         second, third = next(it), next(it)
     assert first["action"].unique().tolist() == [0]
@@ -324,7 +343,7 @@ def test_explicit_update_reaches_every_worker_after_the_prefetched_batch(ray_ses
 def test_max_weight_update_interval_pushes_local_weights(ray_session):
     _, policy = make_policy(bias=(1.0, 0.0))
     with RayCollector(
-        make_env,
+        functools.partial(CountingEnv, max_steps=3),  # unbatched env: batches [1, T]
         policy,
         frames_per_batch=4,
         total_frames=20,
@@ -334,6 +353,7 @@ def test_max_weight_update_interval_pushes_local_weights(ray_session):
         actions = []
         for data in collector:
             actions.append(data["action"].unique().tolist())
+            assert data.batch_size == (1, 4)
             with torch.no_grad():
                 policy[1].module.bias.copy_(torch.tensor([0.0, 1.0]))  # no explicit update
     assert actions[0] == [0] and actions[-1] == [1]
