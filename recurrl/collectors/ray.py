@@ -247,13 +247,14 @@ class RayCollector:
         sync: ``True`` (default): each iteration yields one batch from every remote
             collector, concatenated along the env dim (collector 0's envs first).
             ``False``: yield each remote collector's batch as soon as it is ready.
-        ray_init_config: ``ray.init`` keyword arguments. Without ``"address"``: an already
-            initialized Ray is used as is (and left running); else a new local Ray is
-            started (``address="local"``, so neither ``RAY_ADDRESS`` nor a cluster left by
-            ``ray start`` is joined; defaults ``num_cpus`` enough for the collectors,
-            ``include_dashboard=False``) and shut down by :meth:`shutdown`. With
-            ``"address"`` (``"auto"`` or ``"ray://host:port"``) the driver joins that
-            cluster (and only disconnects from it at :meth:`shutdown`).
+        ray_init_config: ``ray.init`` keyword arguments, used only when Ray is not
+            initialized yet (an initialized Ray is used as is and left running). Without
+            ``"address"`` a new local Ray is started (``address="local"``, so neither
+            ``RAY_ADDRESS`` nor a cluster left by ``ray start`` is joined; defaults
+            ``num_cpus`` enough for the collectors, ``include_dashboard=False``) and shut
+            down by :meth:`shutdown`. With ``"address"`` (``"auto"`` or
+            ``"ray://host:port"``) the driver joins that cluster (and only disconnects from
+            it at :meth:`shutdown`).
         remote_configs: ``.options(...)`` of the actors (``num_cpus``, ``num_gpus``,
             ``resources``, ...): a dict for all or a list of dicts, one per remote
             collector. Default ``{"num_cpus": 1}``.
@@ -401,8 +402,8 @@ class RayCollector:
 
     # --- Ray and actors ------------------------------------------------------------------
     def _init_ray(self, config: dict[str, Any]) -> None:
-        if "address" not in config and ray.is_initialized():
-            return  # someone else's Ray: used, never shut down
+        if ray.is_initialized():
+            return  # someone else's Ray (whatever the address asked): used, never shut down
         if "address" not in config:
             # a new local cluster: without an address Ray would join one left by
             # `ray start` or named by RAY_ADDRESS (where num_cpus= is an error)
