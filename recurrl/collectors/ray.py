@@ -137,14 +137,19 @@ def _cpu_weights(weights: Any) -> Any:
     if isinstance(weights, TensorDictBase):
         return weights.detach().to("cpu")
     if isinstance(weights, dict):
-        return {
-            k: (v.detach().to("cpu") if isinstance(v, torch.Tensor) else _cpu_weights(v))
-            for k, v in weights.items()
-        }
+        return {k: _cpu_leaf(v) for k, v in weights.items()}
     raise TypeError(
         f"RayCollector.update_policy_weights_: expected a state_dict() or a TensorDict of "
         f"parameters, received {type(weights).__name__}."
     )
+
+
+def _cpu_leaf(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu")
+    if isinstance(value, dict | TensorDictBase):
+        return _cpu_weights(value)
+    return value  # e.g. a module's extra state
 
 
 def _cpu_policy(policy: Any) -> Any:
