@@ -243,6 +243,16 @@ def test_env_factory_raising_is_reported_at_construction(ray_session):
     assert "no simulator here" in info.value.remote_traceback
 
 
+def test_remote_collector_construction_error_is_reported(ray_session):
+    with pytest.raises(RemoteCollectorError, match="remote collector 0 could not build its Coll"):
+        RayCollector(
+            make_env,
+            frames_per_batch=8,
+            num_collectors=1,
+            collector_kwargs={"split_trajs": True},  # the remote Collector rejects it
+        )
+
+
 # --- async ---------------------------------------------------------------------------------
 def test_async_batches_per_worker_and_versions(ray_session):
     _, policy = make_policy()
