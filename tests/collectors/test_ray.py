@@ -420,6 +420,7 @@ def test_set_seed_distinct_and_reproducible_per_worker(ray_session):
         it = iter(collector)
         first = next(it)["observation"][:, 0, 0]
         ray.kill(collector._workers[0].handle, no_restart=True)
+        assert dead(collector._workers[0].handle)  # ray.kill is asynchronous
         replaced = next(it)["observation"][:2, 0, 0]
         assert collector.worker_info[0]["slot"] == 2
     # worker i gets exactly seed + i * SEED_STRIDE (reproducible), distinct across workers
@@ -468,6 +469,7 @@ def test_killed_actor_is_replaced_with_new_ids(ray_session, fail_after, caplog):
             batches.append(data)
             if len(batches) == 2:
                 ray.kill(collector._workers[0].handle, no_restart=True)
+                assert dead(collector._workers[0].handle)  # ray.kill is asynchronous
         assert [w["slot"] for w in collector.worker_info] == [2, 1]
     assert len(batches) == 4  # the round was completed with the replacement's batch
     assert "remote collector 0 (slot 0)" in caplog.text and "slot 2" in caplog.text
@@ -494,6 +496,7 @@ def test_killed_actor_without_restarts_raises(ray_session, fail_after):
         it = iter(collector)
         next(it)
         ray.kill(collector._workers[0].handle, no_restart=True)
+        assert dead(collector._workers[0].handle)  # ray.kill is asynchronous
         with pytest.raises(RemoteCollectorError, match=r"remote collector 0 died.*max_restarts"):
             list(it)
     assert all(dead(w.handle) for w in collector._workers)
