@@ -579,9 +579,19 @@ class RayCollector:
         w.requested += 1
 
     def _maybe_submit(self, w: _Worker) -> None:
-        idle = w.pending is None and not self._hold_prefetch
+        # at most one batch in flight per worker, and none while it has 2 batches waiting
+        idle = w.pending is None and not self._hold_prefetch and len(w.queue) <= 1
         if idle and not (self.update_after_each_batch and w.queue) and self._needed(w):
             self._submit(w)
+
+    def _poll(self) -> None:
+        """Receive every batch already finished (without waiting), so that its worker gets
+        its next request now rather than when the consumer next needs a batch."""
+        refs = {w.pending: w for w in self._workers if w.pending is not None}
+        if refs:
+            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+            for ref in ready:
+                self._receive(refs[ref])
 
     def _wait_some(self, workers: list[_Worker]) -> None:
         """Wait until a request of ``workers`` finishes (its batch queued) or fails / times
@@ -705,6 +715,7 @@ class RayCollector:
         workers = self._workers
         while not self._done():
             self._check_open()
+            self._poll()
             for w in workers:
                 self._maybe_submit(w)
             queued = [w for w in workers if w.queue]
