@@ -1,7 +1,8 @@
 """Collectors: run a policy in an env, carry its hidden state, yield batches of steps.
 
 :class:`RayCollector` and :class:`RemoteCollectorError` (Ray actors running collectors)
-are imported on first use, so that ``import recurrl.collectors`` does not import Ray.
+are imported on first use, so that ``import recurrl.collectors`` (and ``from
+recurrl.collectors import *``) does not import Ray.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ from typing import TYPE_CHECKING, Any
 from recurrl.collectors.collector import Collector
 
 if TYPE_CHECKING:
-    from recurrl.collectors.ray import RayCollector, RemoteCollectorError
+    from recurrl.collectors.ray import RayCollector as RayCollector
+    from recurrl.collectors.ray import RemoteCollectorError as RemoteCollectorError
 
-__all__ = ["Collector", "RayCollector", "RemoteCollectorError"]
+# RayCollector / RemoteCollectorError are left out of __all__: a star import would
+# import Ray.
+__all__ = ["Collector"]
 
 _LAZY = ("RayCollector", "RemoteCollectorError")
 

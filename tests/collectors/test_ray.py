@@ -150,6 +150,7 @@ def dead(handle, within: float = 30.0) -> bool:
 def test_import_recurrl_does_not_import_ray():
     code = (
         "import sys, recurrl, recurrl.collectors, recurrl.collectors.collector\n"
+        "from recurrl.collectors import *\n"
         "assert 'ray' not in sys.modules, 'ray imported'\n"
         "from recurrl.collectors import RayCollector\n"
         "assert 'ray' in sys.modules\n"
