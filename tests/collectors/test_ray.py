@@ -158,6 +158,21 @@ def test_import_recurrl_does_not_import_ray():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
+def test_without_ray_the_access_names_the_extra():
+    code = (
+        "import sys\n"
+        "sys.modules['ray'] = None  # as if Ray were not installed\n"
+        "import recurrl.collectors\n"
+        "try:\n"
+        "    recurrl.collectors.RayCollector\n"
+        "except ImportError as err:\n"
+        "    assert 'pip install \"recurrl[ray]\"' in str(err), err\n"
+        "else:\n"
+        "    raise AssertionError('no ImportError')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
 def test_invalid_arguments_fail_before_ray_starts():
     with pytest.raises(
         ValueError, match=r"not a multiple of num_collectors=3.*frames_per_batch=15"
