@@ -586,12 +586,19 @@ class RayCollector:
 
     def _poll(self) -> None:
         """Receive every batch already finished (without waiting), so that its worker gets
-        its next request now rather than when the consumer next needs a batch."""
+        its next request now rather than when the consumer next needs a batch; treat
+        requests older than ``timeout`` as hung."""
         refs = {w.pending: w for w in self._workers if w.pending is not None}
-        if refs:
-            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
-            for ref in ready:
-                self._receive(refs[ref])
+        if not refs:
+            return
+        ready, waiting = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        for ref in ready:
+            self._receive(refs[ref])
+        now = time.monotonic()  # a hung worker is found even while the others deliver
+        for ref in waiting:
+            w = refs[ref]
+            if w.pending == ref and now - w.pending_since >= self.timeout:
+                self._fault(w, f"did not answer within timeout={self.timeout:g} s (hung).", "")
 
     def _wait_some(self, workers: list[_Worker]) -> None:
         """Wait until a request of ``workers`` finishes (its batch queued) or fails / times

@@ -545,6 +545,24 @@ def test_hanging_env_is_replaced_when_restarts_are_allowed(ray_session, fail_aft
     assert {i % 3 for i in first["collector", "traj_ids"][:2].flatten().tolist()} == {2}
 
 
+def test_async_hung_worker_is_found_while_another_delivers(ray_session, fail_after, tmp_path):
+    hang_once = functools.partial(HangOnceEnv, str(tmp_path / "hung"), batch_size=(2,))
+    with (
+        fail_after(120),
+        RayCollector(
+            [hang_once, make_env], frames_per_batch=8, sync=False, timeout=2, max_restarts=1
+        ) as collector,
+    ):
+        workers = []
+        for data in collector:  # worker 1 keeps delivering while worker 0 hangs
+            workers.append(int(data["collector", "worker_id"][0, 0]))
+            if 0 in workers:
+                break
+            time.sleep(0.05)
+        assert collector.worker_info[0]["slot"] == 2  # replaced, then delivered
+    assert workers.count(1) > 5
+
+
 def test_interrupted_iteration_shuts_everything_down(ray_session):
     hanging = functools.partial(FailingEnv, "hang", 1, batch_size=(2,))
     collector = RayCollector([hanging], frames_per_batch=8)
