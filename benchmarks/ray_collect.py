@@ -1,6 +1,8 @@
 """Ray collection: RayCollector against the single-process Collector, on this machine.
 
-Three measurements, each side by side in one process (interleaved rounds, median):
+Three measurements, each side by side in one process (rounds that take the candidates in
+turn, median; only one collector is alive at a time, since a RayCollector left alive keeps
+collecting its prefetched batch while another one is timed):
 
 1. **Scaling** with a simulated expensive env: CartPole whose ``step`` sleeps a fixed 2 ms
    (a stand-in for a slow simulator; sleeping takes no CPU, so it scales even on 2 cores).
@@ -89,18 +91,12 @@ def batches(collector) -> Callable[[], object]:
 
 
 def interleaved(fns: dict[str, Callable[[], object]], rounds: int, inner: int) -> dict:
-    """Median seconds per call of each function, in interleaved rounds.
-
-    Each timed stretch starts after one untimed call: a prefetching RayCollector has a
-    batch ready that it collected while the other candidates were timed, and that call
-    takes it, so the timed calls wait for batches collected during the stretch only.
-    """
+    """Median seconds per call of each function, in interleaved rounds (one warm-up call)."""
     for fn in fns.values():
         fn()
     samples: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            fn()
             start = time.perf_counter()
             for _ in range(inner):
                 fn()
@@ -108,24 +104,43 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int, inner: int) -
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+def in_turn(makers: dict[str, Callable[[], object]], rounds: int, inner: int) -> dict:
+    """Median seconds per batch of each collector ``makers[name]()`` builds, in rounds.
+
+    Only one collector exists at a time: a RayCollector prefetches its next batch, so one
+    left alive would collect in the background while another is timed. Each turn builds the
+    collector, takes two batches untimed (start-up, and the prefetched batch that was
+    collected before the clock started), times ``inner`` batches, and shuts it down.
+    """
+    samples: dict[str, list[float]] = {k: [] for k in makers}
+    for _ in range(rounds):
+        for name, make in makers.items():
+            collector = make()
+            try:
+                fn = batches(collector)
+                fn()
+                fn()
+                start = time.perf_counter()
+                for _ in range(inner):
+                    fn()
+                samples[name].append((time.perf_counter() - start) / inner)
+            finally:
+                collector.shutdown()
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 def scaling(args: argparse.Namespace) -> None:
     steps = args.steps
     factory = EnvFactory(args.sleep, args.threads)
     policy = make_policy(16)
-    local = Collector(factory, policy, frames_per_batch=steps)
-    fns = {"local": batches(local)}
-    remote = {}
+    makers: dict[str, Callable[[], object]] = {
+        "local": lambda: Collector(factory, policy, frames_per_batch=steps)
+    }
     for n in args.workers:
-        remote[n] = RayCollector(
+        makers[f"ray x{n}"] = lambda n=n: RayCollector(
             factory, policy, frames_per_batch=n * steps, num_collectors=n, sync=True
         )
-        fns[f"ray x{n}"] = batches(remote[n])
-    try:
-        times = interleaved(fns, args.rounds, 1)
-    finally:
-        local.shutdown()
-        for c in remote.values():
-            c.shutdown()
+    times = in_turn(makers, args.rounds, 3)
     base = steps / times["local"]
     print(f"\n### Scaling: CartPole + {args.sleep * 1e3:g} ms sleep per step, "
           f"{args.threads} thread(s), {steps} steps per collector per batch\n")  # fmt: skip
@@ -140,13 +155,14 @@ def overhead(args: argparse.Namespace) -> None:
     frames = args.cheap_frames
     factory = EnvFactory(0.0, args.threads)
     policy = make_policy(16)
-    local = Collector(factory, policy, frames_per_batch=frames)
-    ray1 = RayCollector(factory, policy, frames_per_batch=frames, num_collectors=1)
-    try:
-        times = interleaved({"local": batches(local), "ray": batches(ray1)}, args.rounds, 2)
-    finally:
-        local.shutdown()
-        ray1.shutdown()
+    times = in_turn(
+        {
+            "local": lambda: Collector(factory, policy, frames_per_batch=frames),
+            "ray": lambda: RayCollector(factory, policy, frames_per_batch=frames, num_collectors=1),
+        },
+        args.rounds,
+        4,
+    )
     fps_local, fps_ray = frames / times["local"], frames / times["ray"]
     print(f"\n### Overhead: plain CartPole, LSTM H=16, {args.threads} thread(s), "
           f"{frames} frames per batch\n")  # fmt: skip
