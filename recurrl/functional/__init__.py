@@ -12,6 +12,7 @@ from recurrl.functional.cells import (
 from recurrl.functional.precision import (
     RecurrentMatmulPrecision,
     RecurrentMatmulPrecisionUserMode,
+    get_recurrent_matmul_precision,
     resolve_recurrent_matmul_precision,
     set_recurrent_matmul_precision,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "RecurrentMatmulPrecision",
     "RecurrentMatmulPrecisionUserMode",
     "generalized_advantage_estimate",
+    "get_recurrent_matmul_precision",
     "gru_cell",
     "gru_cell_from_projection",
     "lstm_cell",

@@ -72,16 +72,16 @@ def set_recurrent_matmul_precision(mode: str | RecurrentMatmulPrecisionUserMode 
     matmul precision).
 
     Examples:
-        >>> set_recurrent_matmul_precision("high-prec")
+        >>> set_recurrent_matmul_precision("tf32x3")
         >>> get_recurrent_matmul_precision()
-        <RecurrentMatmulPrecisionUserMode.HIGH_PREC: 'high-prec'>
+        <RecurrentMatmulPrecision.TF32X3: 'tf32x3'>
         >>> set_recurrent_matmul_precision(None)
     """
     global _process_mode
     _process_mode = None if mode is None else _parse(mode, "recurrent matmul precision")
 
 
-def get_recurrent_matmul_precision() -> RecurrentMatmulPrecisionUserMode:
+def _auto_mode() -> RecurrentMatmulPrecisionUserMode:
     """The mode ``"auto"`` currently stands for, before GPU-dependent resolution."""
     if _process_mode is not None and _process_mode is not RecurrentMatmulPrecisionUserMode.AUTO:
         return _process_mode
@@ -91,6 +91,38 @@ def get_recurrent_matmul_precision() -> RecurrentMatmulPrecisionUserMode:
         if parsed is not RecurrentMatmulPrecisionUserMode.AUTO:
             return parsed
     return RecurrentMatmulPrecisionUserMode(_TORCH_TO_MODE[torch.get_float32_matmul_precision()])
+
+
+def get_recurrent_matmul_precision(
+    device: torch.device | str | None = None,
+) -> RecurrentMatmulPrecision:
+    """The concrete precision ``recurrent_matmul_precision="auto"`` runs at now.
+
+    Follows the process-wide mode, ``RECURRL_RNN_PRECISION`` and torch's float32 matmul
+    precision, in that order, and resolves the GPU-aware presets (``"fast"``,
+    ``"high-prec"``) for ``device`` (default: the current CUDA device when CUDA is
+    available, else the CPU). A module's own ``recurrent_matmul_precision`` other than
+    ``"auto"`` overrides this; see :func:`resolve_recurrent_matmul_precision`.
+
+    Returns:
+        One of ``"ieee"``, ``"tf32"``, ``"tf32x3"`` (a :class:`RecurrentMatmulPrecision`,
+        a ``str`` enum that compares equal to these strings).
+
+    Examples:
+        >>> set_recurrent_matmul_precision("fast")
+        >>> get_recurrent_matmul_precision("cpu")  # no tensor cores: the preset gives ieee
+        <RecurrentMatmulPrecision.IEEE: 'ieee'>
+        >>> get_recurrent_matmul_precision("cpu") == "ieee"
+        True
+        >>> set_recurrent_matmul_precision(None)
+    """
+    if device is None:
+        device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
+    return resolve_recurrent_matmul_precision(RecurrentMatmulPrecisionUserMode.AUTO, device)
 
 
 def resolve_recurrent_matmul_precision(
@@ -109,7 +141,7 @@ def resolve_recurrent_matmul_precision(
     """
     user = _parse(mode, "recurrent_matmul_precision")
     if user is RecurrentMatmulPrecisionUserMode.AUTO:
-        user = get_recurrent_matmul_precision()
+        user = _auto_mode()
     if user.value in {p.value for p in RecurrentMatmulPrecision}:
         return RecurrentMatmulPrecision(user.value)
     dev = torch.device(device) if device is not None else torch.device("cpu")

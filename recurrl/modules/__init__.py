@@ -3,6 +3,7 @@
 from recurrl.functional.precision import (
     RecurrentMatmulPrecision,
     RecurrentMatmulPrecisionUserMode,
+    get_recurrent_matmul_precision,
     set_recurrent_matmul_precision,
 )
 from recurrl.functional.rnn import GRU, LSTM, GRUCell, LSTMCell
@@ -27,6 +28,7 @@ __all__ = [
     "RecurrentMatmulPrecisionUserMode",
     "RecurrentModule",
     "get_primers_from_module",
+    "get_recurrent_matmul_precision",
     "recurrent_mode",
     "set_recurrent_matmul_precision",
     "set_recurrent_mode",

@@ -10,6 +10,7 @@ from recurrl.functional.precision import (
     PRECISION_ENV_VAR,
     RecurrentMatmulPrecision,
     RecurrentMatmulPrecisionUserMode,
+    _auto_mode,
     get_recurrent_matmul_precision,
     resolve_recurrent_matmul_precision,
     set_recurrent_matmul_precision,
@@ -48,31 +49,31 @@ def test_enums():
 )
 def test_auto_follows_torch_float32_matmul_precision(torch_mode, expected):
     torch.set_float32_matmul_precision(torch_mode)
-    assert get_recurrent_matmul_precision() is expected
+    assert _auto_mode() is expected
 
 
 @pytest.mark.parametrize("mode", [m for m in Mode if m is not Mode.AUTO])
 def test_set_recurrent_matmul_precision_modes(mode):
     set_recurrent_matmul_precision(mode.value)
-    assert get_recurrent_matmul_precision() is mode
+    assert _auto_mode() is mode
     set_recurrent_matmul_precision(mode)  # the enum itself
-    assert get_recurrent_matmul_precision() is mode
+    assert _auto_mode() is mode
 
 
 def test_set_none_and_auto_clear_the_process_mode():
     torch.set_float32_matmul_precision("medium")
     set_recurrent_matmul_precision("tf32x3")
     set_recurrent_matmul_precision(None)
-    assert get_recurrent_matmul_precision() is Mode.FAST
+    assert _auto_mode() is Mode.FAST
     set_recurrent_matmul_precision("auto")
-    assert get_recurrent_matmul_precision() is Mode.FAST
+    assert _auto_mode() is Mode.FAST
 
 
 @pytest.mark.parametrize("value", ["fp16", "", "IEEE", 3])
 def test_set_invalid_mode(value):
     with pytest.raises(ValueError, match="must be one of"):
         set_recurrent_matmul_precision(value)
-    assert get_recurrent_matmul_precision() is Mode.IEEE  # unchanged
+    assert _auto_mode() is Mode.IEEE  # unchanged
 
 
 @pytest.mark.parametrize(
@@ -88,30 +89,30 @@ def test_set_invalid_mode(value):
 )
 def test_env_var(monkeypatch, env, expected):
     monkeypatch.setenv(PRECISION_ENV_VAR, env)
-    assert get_recurrent_matmul_precision() is expected
+    assert _auto_mode() is expected
 
 
 def test_env_var_auto_or_empty_defers_to_torch(monkeypatch):
     torch.set_float32_matmul_precision("high")
     for value in ["auto", ""]:
         monkeypatch.setenv(PRECISION_ENV_VAR, value)
-        assert get_recurrent_matmul_precision() is Mode.HIGH_PREC
+        assert _auto_mode() is Mode.HIGH_PREC
 
 
 def test_env_var_invalid(monkeypatch):
     monkeypatch.setenv(PRECISION_ENV_VAR, "bf16")
     with pytest.raises(ValueError, match=PRECISION_ENV_VAR) as info:
-        get_recurrent_matmul_precision()
+        _auto_mode()
     assert "'highest'" in str(info.value)  # torch's names are allowed there
 
 
 def test_priority_process_then_env_then_torch(monkeypatch):
     torch.set_float32_matmul_precision("medium")
-    assert get_recurrent_matmul_precision() is Mode.FAST
+    assert _auto_mode() is Mode.FAST
     monkeypatch.setenv(PRECISION_ENV_VAR, "tf32x3")
-    assert get_recurrent_matmul_precision() is Mode.TF32X3
+    assert _auto_mode() is Mode.TF32X3
     set_recurrent_matmul_precision("ieee")
-    assert get_recurrent_matmul_precision() is Mode.IEEE
+    assert _auto_mode() is Mode.IEEE
 
 
 def test_torch_names_only_in_the_env_var():
@@ -154,3 +155,40 @@ def test_resolve_and_validate_invalid():
     with pytest.raises(ValueError, match="recurrent_matmul_precision"):
         validate_recurrent_matmul_precision("bf16")
     assert validate_recurrent_matmul_precision("high-prec") is Mode.HIGH_PREC
+
+
+@pytest.mark.parametrize(
+    ("process_mode", "expected"),
+    [
+        ("ieee", Concrete.IEEE),
+        ("tf32", Concrete.TF32),
+        ("tf32x3", Concrete.TF32X3),
+        ("fast", Concrete.IEEE),  # presets resolve to ieee without tensor cores
+        ("high-prec", Concrete.IEEE),
+    ],
+)
+def test_get_recurrent_matmul_precision_is_concrete(process_mode, expected):
+    set_recurrent_matmul_precision(process_mode)
+    got = get_recurrent_matmul_precision("cpu")
+    assert got is expected and got == expected.value
+    assert isinstance(got, Concrete)
+
+
+def test_get_recurrent_matmul_precision_follows_auto_and_default_device(monkeypatch):
+    torch.set_float32_matmul_precision("highest")
+    assert get_recurrent_matmul_precision("cpu") is Concrete.IEEE
+    monkeypatch.setenv(PRECISION_ENV_VAR, "tf32x3")
+    assert get_recurrent_matmul_precision("cpu") is Concrete.TF32X3
+    # no argument: the current CUDA device, else the CPU; same answer as resolving "auto" there
+    device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+    set_recurrent_matmul_precision("fast")
+    expected = resolve_recurrent_matmul_precision("auto", device)
+    assert get_recurrent_matmul_precision() is expected
+
+
+def test_get_recurrent_matmul_precision_is_exported_where_the_setter_is():
+    import recurrl.functional as F
+    import recurrl.modules as M
+
+    assert M.get_recurrent_matmul_precision is get_recurrent_matmul_precision
+    assert F.get_recurrent_matmul_precision is get_recurrent_matmul_precision
