@@ -43,7 +43,7 @@ class GRUModule(RecurrentModule):
         recurrent_compute_dtype: dtype of the ``triton`` backend's recurrent matmul
             (``torch.float32`` or ``torch.bfloat16``). Default: ``torch.float32``.
         recurrent_recompute: ``"none"`` or ``"full"`` (recompute activations in backward;
-            not with ``"pad"``). Default: "none".
+            with ``"scan"`` or ``"triton"``: ``"pad"`` and ``"auto"`` raise). Default: "none".
         recurrent_matmul_precision: precision of the ``triton`` backend's matmul:
             ``"ieee"``, ``"tf32"``, ``"tf32x3"``, ``"fast"``, ``"high-prec"`` or ``"auto"``.
             Default: "auto".
@@ -58,6 +58,10 @@ class GRUModule(RecurrentModule):
         gru: an existing ``torch.nn.GRU`` (or recurrl ``GRU``) to wrap, exclusive with the
             arguments that build one.
         default_recurrent_mode: mode when no ``set_recurrent_mode`` is active. Default: False.
+        batch_first: accepted for compatibility; only ``True`` is supported (time is the last
+            batch dim of the TensorDict). Anything else raises ``ValueError``.
+        bidirectional: accepted for compatibility; only ``False`` is supported (a policy
+            acts one step at a time). Anything else raises ``ValueError``.
 
     Examples:
         >>> import torch
@@ -106,6 +110,8 @@ class GRUModule(RecurrentModule):
         device: torch.device | str | None = None,
         gru: nn.Module | None = None,
         default_recurrent_mode: bool | None = None,
+        batch_first: bool = True,
+        bidirectional: bool = False,
     ) -> None:
         super().__init__()
         self._setup(
@@ -115,5 +121,6 @@ class GRUModule(RecurrentModule):
             recurrent_recompute=recurrent_recompute,
             recurrent_matmul_precision=recurrent_matmul_precision, in_key=in_key,
             in_keys=in_keys, out_key=out_key, out_keys=out_keys, device=device, rnn=gru,
-            default_recurrent_mode=default_recurrent_mode,
+            default_recurrent_mode=default_recurrent_mode, batch_first=batch_first,
+            bidirectional=bidirectional,
         )  # fmt: skip

@@ -44,7 +44,7 @@ class LSTMModule(RecurrentModule):
         recurrent_compute_dtype: dtype of the ``triton`` backend's recurrent matmul
             (``torch.float32`` or ``torch.bfloat16``). Default: ``torch.float32``.
         recurrent_recompute: ``"none"`` or ``"full"`` (recompute activations in backward;
-            not with ``"pad"``). Default: "none".
+            with ``"scan"`` or ``"triton"``: ``"pad"`` and ``"auto"`` raise). Default: "none".
         recurrent_matmul_precision: precision of the ``triton`` backend's matmul:
             ``"ieee"``, ``"tf32"``, ``"tf32x3"``, ``"fast"``, ``"high-prec"`` or ``"auto"``.
             Default: "auto".
@@ -60,6 +60,10 @@ class LSTMModule(RecurrentModule):
         lstm: an existing ``torch.nn.LSTM`` (or recurrl ``LSTM``) to wrap, exclusive with the
             arguments that build one.
         default_recurrent_mode: mode when no ``set_recurrent_mode`` is active. Default: False.
+        batch_first: accepted for compatibility; only ``True`` is supported (time is the last
+            batch dim of the TensorDict). Anything else raises ``ValueError``.
+        bidirectional: accepted for compatibility; only ``False`` is supported (a policy
+            acts one step at a time). Anything else raises ``ValueError``.
 
     Examples:
         >>> import torch
@@ -110,6 +114,8 @@ class LSTMModule(RecurrentModule):
         device: torch.device | str | None = None,
         lstm: nn.Module | None = None,
         default_recurrent_mode: bool | None = None,
+        batch_first: bool = True,
+        bidirectional: bool = False,
     ) -> None:
         super().__init__()
         self._setup(
@@ -119,5 +125,6 @@ class LSTMModule(RecurrentModule):
             recurrent_recompute=recurrent_recompute,
             recurrent_matmul_precision=recurrent_matmul_precision, in_key=in_key,
             in_keys=in_keys, out_key=out_key, out_keys=out_keys, device=device, rnn=lstm,
-            default_recurrent_mode=default_recurrent_mode,
+            default_recurrent_mode=default_recurrent_mode, batch_first=batch_first,
+            bidirectional=bidirectional,
         )  # fmt: skip

@@ -51,6 +51,40 @@ def _show(key: NestedKey) -> str:
     return repr(key[0]) if len(key) == 1 else repr(key)
 
 
+def _check_layout(name: str, batch_first: object, bidirectional: object) -> None:
+    """``batch_first``/``bidirectional`` are accepted at the only values the module can run."""
+    if batch_first is not True:
+        raise ValueError(
+            f"{name}: only batch_first=True is supported, got batch_first={batch_first!r}. "
+            f"The module reads TensorDicts whose time dim is the last batch dim ([*B, T] in "
+            f"recurrent mode), so there is no time-major layout to choose. Fix: drop the "
+            f"argument (or pass batch_first=True); for time-major data, move time last first "
+            f"(e.g. td.transpose(0, 1) for a [T, B] TensorDict)."
+        )
+    if bidirectional is not False:
+        raise ValueError(
+            f"{name}: only bidirectional=False is supported, got "
+            f"bidirectional={bidirectional!r}. A backward pass over time needs the future of "
+            f"the trajectory, which a policy acting one step at a time does not have, and it "
+            f"could not be carried in the hidden state between steps. Fix: drop the argument "
+            f"(or pass bidirectional=False)."
+        )
+
+
+def _check_auto_recompute(name: str, backend: str, recompute: str) -> None:
+    """``"auto"`` may pick ``"pad"``, which cannot recompute: the pair is refused rather than
+    recompute being silently dropped on the inputs where ``auto`` picks ``pad``."""
+    if backend == "auto" and recompute == "full":
+        raise ValueError(
+            f"{name}: recurrent_recompute='full' cannot be combined with "
+            f"recurrent_backend='auto': auto picks 'pad' (torch's fused kernels, which keep "
+            f"their own activations for backward) on CUDA and for the LSTM on CPU, where "
+            f"nothing would be recomputed. Fix: recurrent_backend='scan' (or 'triton' on a "
+            f"GPU) with recurrent_recompute='full', or keep 'auto' with "
+            f"recurrent_recompute='none'."
+        )
+
+
 class RecurrentModule(TensorDictModuleBase):
     """Base class of the recurrent TensorDict modules. Use :class:`LSTMModule` or
     :class:`GRUModule`; subclasses only declare the class attributes below."""
@@ -85,12 +119,16 @@ class RecurrentModule(TensorDictModuleBase):
         device: torch.device | str | None,
         rnn: nn.Module | None,
         default_recurrent_mode: bool | None,
+        batch_first: bool = True,
+        bidirectional: bool = False,
     ) -> None:
         name = type(self).__name__
+        _check_layout(name, batch_first, bidirectional)
         self.in_keys, self.out_keys = self._resolve_keys(in_key, in_keys, out_key, out_keys)
         rnn = self._build_rnn(
             rnn, input_size, hidden_size, num_layers, bias, dropout, proj_size, device
         )
+        _check_auto_recompute(name, recurrent_backend, recurrent_recompute)
         check_recurrent_options(
             recurrent_backend,
             recurrent_recompute,
@@ -116,8 +154,9 @@ class RecurrentModule(TensorDictModuleBase):
         elif not python_based and isinstance(rnn, self._python_cls):
             python_based = True
         self._set_rnn(rnn, python_based)
-        self.recurrent_backend = recurrent_backend
-        self.recurrent_recompute = recurrent_recompute
+        # validated above as a pair; the properties below validate later assignments
+        self._recurrent_backend = recurrent_backend
+        self._recurrent_recompute = recurrent_recompute
         self.recurrent_compute_dtype = recurrent_compute_dtype
         self.default_recurrent_mode = bool(default_recurrent_mode)
 
@@ -251,6 +290,37 @@ class RecurrentModule(TensorDictModuleBase):
         proj = getattr(rnn, "proj_size", 0)
         return RNNConfig(self._mode, rnn.input_size, rnn.hidden_size, rnn.num_layers,
                          bool(rnn.bias), float(rnn.dropout), proj)  # fmt: skip
+
+    @property
+    def recurrent_backend(self) -> str:
+        """Backend of recurrent mode (``"pad"``, ``"scan"``, ``"triton"`` or ``"auto"``).
+        Assignable; the new value is validated together with :attr:`recurrent_recompute`."""
+        return self._recurrent_backend
+
+    @recurrent_backend.setter
+    def recurrent_backend(self, value: str) -> None:
+        self._check_backend_pair(value, self._recurrent_recompute)
+        self._recurrent_backend = value
+
+    @property
+    def recurrent_recompute(self) -> str:
+        """``"none"`` or ``"full"``. Assignable; validated with :attr:`recurrent_backend`."""
+        return self._recurrent_recompute
+
+    @recurrent_recompute.setter
+    def recurrent_recompute(self, value: str) -> None:
+        self._check_backend_pair(self._recurrent_backend, value)
+        self._recurrent_recompute = value
+
+    def _check_backend_pair(self, backend: str, recompute: str) -> None:
+        _check_auto_recompute(type(self).__name__, backend, recompute)
+        check_recurrent_options(
+            backend,
+            recompute,
+            python_based=self.python_based,
+            device=next(self.rnn.parameters()).device,
+            proj_size=self._cfg.proj_size,
+        )
 
     @property
     def recurrent_mode(self) -> bool:
@@ -439,26 +509,39 @@ class RecurrentModule(TensorDictModuleBase):
         )
 
     def _read_states(
-        self, td: TensorDictBase, batch: torch.Size, like: Tensor, is_init: Tensor | None
+        self, td: TensorDictBase, batch: torch.Size, like: Tensor, starts: Tensor
     ) -> tuple[Tensor, ...]:
-        """Stored states, each ``[*batch, L, S]``. ``is_init`` given (sequential mode) allows
-        missing states when every element starts an episode (they would be zeroed anyway)."""
+        """Stored states, each ``[*batch, L, S]``.
+
+        ``starts`` flags, per row, whether the state is needed only at episode starts:
+        ``is_init`` ``[*B]`` in sequential mode, ``is_init`` at the first step ``[*B']`` in
+        recurrent mode (later steps need the stored state only where ``is_init`` is True). A
+        missing state key is filled with zeros, the state of an episode start, when every row
+        starts one; a row that continues a trajectory raises instead.
+        """
         cfg = self._cfg
         states = []
         for key, size in zip(self.state_keys, cfg.state_sizes, strict=True):
             expected = (*batch, cfg.num_layers, size)
             value = td.get(key, None)
             if value is None:
-                if is_init is not None and bool(is_init.all()):
-                    value = like.new_zeros(expected)
-                else:
+                continuing = int((~starts).sum())
+                if continuing:
+                    where = (
+                        "at their first step (is_init False there)"
+                        if self.recurrent_mode
+                        else "(is_init False)"
+                    )
                     raise KeyError(
                         f"{type(self).__name__}: hidden-state key {_show(key)} not found in "
-                        f"the TensorDict. The env must carry it from step to step, which the "
+                        f"the TensorDict, and {continuing} of {starts.numel()} rows continue a "
+                        f"trajectory {where}, so zeros would silently drop their memory. The "
+                        f"env must carry the state from step to step, which the "
                         f"TensorDictPrimer transform sets up. Fix: env = env.append_transform("
-                        f"module.make_tensordict_primer()) (or get_primers_from_module(policy)"
-                        f" for a whole policy)."
+                        f"module.make_tensordict_primer()) (or get_env_transforms_from_module("
+                        f"policy) for a whole policy); or pass the state."
                     )
+                value = like.new_zeros(expected)
             elif value.shape != expected:
                 raise ValueError(
                     f"{type(self).__name__}: hidden state {_show(key)} must have shape "
@@ -551,7 +634,7 @@ class RecurrentModule(TensorDictModuleBase):
         weights = self._flat_weights()
         x = self._read_input(td, batch, weights[0].dtype)
         is_init = self._read_is_init(td, batch)
-        states = self._read_states(td, batch, x, None)
+        states = self._read_states(td, batch, x, is_init[..., 0] if batch[-1] else is_init)
         steps = batch[-1]
         n = batch.numel() // steps if steps else 0
         y, new_states = recurrent_unroll(

@@ -355,14 +355,55 @@ def test_sequential_missing_state_allowed_only_when_all_init(kind):
         module(td)
 
 
+def _without_states(x, is_init):
+    return TensorDict({"x": x, "is_init": is_init.unsqueeze(-1)}, batch_size=x.shape[:-1])
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_recurrent_mode_requires_stored_state(kind):
+@pytest.mark.parametrize(("backend", "python_based"), BACKENDS, ids=BACKEND_IDS)
+def test_recurrent_missing_state_is_zeros_when_every_row_starts_an_episode(
+    kind, backend, python_based
+):
+    # every row starts an episode at t = 0; later restarts are episode starts too, so the
+    # state missing everywhere is the zero state everywhere it is read
+    module = make_module(kind, recurrent_backend=backend, python_based=python_based)
+    x, is_init = torch.randn(3, T, F_IN), random_is_init((3, T), first=True)
+    zeros = [torch.zeros(3, T, *shape) for shape in state_shapes(module)]
+    missing = run_recurrent(module, _without_states(x, is_init))
+    given = run_recurrent(module, sequence_td(module, x, is_init, zeros))
+    for a, e in zip(outputs_of(module, missing), outputs_of(module, given), strict=True):
+        close(a, e)
+    # ... and equal to the sequential loop from zeros (a module read by a fresh env)
+    loop = step_loop(module, x, is_init, [torch.zeros(3, *sh) for sh in state_shapes(module)])
+    close(missing["y"], loop["y"])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_recurrent_missing_state_raises_for_a_continuing_row(kind):
+    module = make_module(kind)
+    is_init = torch.ones(2, 3, dtype=torch.bool)
+    is_init[1, 0] = False  # row 1 continues a trajectory: its stored state is needed
+    td = _without_states(torch.randn(2, 3, F_IN), is_init)
+    with pytest.raises(KeyError, match=r"TensorDictPrimer") as info:
+        run_recurrent(module, td)
+    assert "1 of 2 rows continue" in str(info.value)
+    assert "first step" in str(info.value)
+    # a restart later in the row does not make up for the missing state at t = 0
+    is_init = torch.zeros(2, 3, dtype=torch.bool)
+    is_init[:, 1] = True
+    with pytest.raises(KeyError, match="2 of 2 rows continue"):
+        run_recurrent(module, _without_states(torch.randn(2, 3, F_IN), is_init))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sequential_missing_state_error_counts_continuing_rows(kind):
     module = make_module(kind)
     td = TensorDict(
-        {"x": torch.randn(2, 3, F_IN), "is_init": torch.ones(2, 3, 1, dtype=bool)}, [2, 3]
+        {"x": torch.randn(4, F_IN), "is_init": torch.tensor([[True], [False], [True], [False]])},
+        [4],
     )
-    with pytest.raises(KeyError, match="TensorDictPrimer"):
-        run_recurrent(module, td)
+    with pytest.raises(KeyError, match=r"2 of 4 rows continue a trajectory \(is_init False\)"):
+        module(td)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -153,6 +153,82 @@ def test_constructor_errors(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_batch_first_and_bidirectional_accepted_at_supported_values(kind):
+    module = make_module(kind, batch_first=True, bidirectional=False)
+    ref = twin_of(module)
+    seq = random_sequence(module)
+    for a, e in zip(_both_modes(module, seq), _both_modes(ref, seq), strict=True):
+        close(a, e)
+    # with a wrapped network too (they describe the module, not a second network)
+    rnn = {"lstm": nn.LSTM, "gru": nn.GRU}[kind](F_IN, 4, batch_first=True)
+    wrapped = MODULES[kind](
+        in_key="x", out_key="y", batch_first=True, bidirectional=False, **{kind: rnn}
+    )
+    assert wrapped.rnn is rnn
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"batch_first": False}, r"only batch_first=True is supported, got batch_first=False"),
+        ({"batch_first": None}, r"only batch_first=True is supported"),
+        ({"bidirectional": True}, r"only bidirectional=False is supported, got bidirectional"),
+    ],
+)
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_batch_first_and_bidirectional_other_values_raise(kind, kwargs, match, wrapped):
+    if wrapped:
+        rnn = {"lstm": nn.LSTM, "gru": nn.GRU}[kind](F_IN, 4, batch_first=True)
+        build = lambda: MODULES[kind](in_key="x", out_key="y", **kwargs, **{kind: rnn})  # noqa: E731
+    else:
+        build = lambda: make_module(kind, **kwargs)  # noqa: E731
+    with pytest.raises(ValueError, match=match) as info:
+        build()
+    assert "Fix: drop the argument" in str(info.value)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("wrapped_cls", [nn.LSTM, nn.GRU, LSTM, GRU])
+def test_wrapped_bidirectional_network_raises(kind, wrapped_cls):
+    if (kind == "lstm") != (wrapped_cls in (nn.LSTM, LSTM)):
+        pytest.skip("other kind")
+    try:
+        rnn = wrapped_cls(F_IN, 4, bidirectional=True, batch_first=True)
+    except (TypeError, ValueError, NotImplementedError):
+        pytest.skip("this class cannot be built bidirectional")
+    with pytest.raises(ValueError, match="bidirectional"):
+        MODULES[kind](in_key="x", out_key="y", **{kind: rnn})
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_auto_backend_with_full_recompute_raises_at_construction(kind):
+    with pytest.raises(
+        ValueError, match=r"'full' cannot be combined with\s+recurrent_backend='auto'"
+    ):
+        make_module(kind, recurrent_backend="auto", recurrent_recompute="full")
+    # the same pair reached by assignment after construction
+    module = make_module(kind, recurrent_backend="auto")
+    with pytest.raises(ValueError, match="recurrent_backend='auto'"):
+        module.recurrent_recompute = "full"
+    assert module.recurrent_recompute == "none"  # unchanged
+    module = make_module(kind, recurrent_backend="scan", recurrent_recompute="full")
+    with pytest.raises(ValueError, match="recurrent_backend='auto'"):
+        module.recurrent_backend = "auto"
+    with pytest.raises(ValueError, match="not available with recurrent_backend='pad'"):
+        module.recurrent_backend = "pad"
+    with pytest.raises(ValueError, match="recurrent_backend must be"):
+        module.recurrent_backend = "cudnn"
+    assert module.recurrent_backend == "scan"
+    # the allowed ways: recompute off first, then auto; and scan with full recompute
+    module.recurrent_recompute = "none"
+    module.recurrent_backend = "auto"
+    assert (module.recurrent_backend, module.recurrent_recompute) == ("auto", "none")
+    with set_recurrent_mode(True):  # runs, also inside the mode context manager
+        module(random_sequence(module))
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_triton_without_triton_installed_raises_import_error(kind):
     try:
         import triton  # noqa: F401
