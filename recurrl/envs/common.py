@@ -10,6 +10,7 @@ import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 from torch import nn
 
+from recurrl.envs._policy_arg import _EnvMeta
 from recurrl.envs.specs import Categorical, Composite, TensorSpec, Unbounded
 from recurrl.envs.utils import (
     RESET_KEY,
@@ -29,7 +30,7 @@ _DONE_KEYS = ("done", "terminated", "truncated")
 Policy = Callable[[TensorDictBase], TensorDictBase | None]
 
 
-class EnvBase(nn.Module, metaclass=abc.ABCMeta):
+class EnvBase(nn.Module, metaclass=_EnvMeta):
     """Base class of recurrl environments: batched TensorDicts in, TensorDicts out.
 
     Subclasses set their specs in ``__init__`` (after ``super().__init__``) and implement
@@ -49,6 +50,12 @@ class EnvBase(nn.Module, metaclass=abc.ABCMeta):
     Args:
         device: device of every tensor the env writes.
         batch_size: env batch shape ``B`` (``()`` for a single env, ``(N,)`` for N envs).
+
+    Every env class (this one's subclasses: ``GymEnv``, ``TransformedEnv``, ...) also takes
+    ``policy=``: when the policy holds recurrent modules, the env comes back with what they
+    need (an ``InitTracker`` and a primer for their state keys), as a ``TransformedEnv``
+    around the env built (a ``TransformedEnv`` is extended in place); otherwise the env
+    itself. See :func:`recurrl.envs._policy_arg.with_policy_transforms`.
 
     Examples:
         >>> from recurrl.testing import CountingEnv

@@ -249,6 +249,10 @@ class GymEnv(EnvBase):
             ``[num_envs]``; it also takes ``vectorization``, ``vector_kwargs`` and
             ``step_timeout``). A gymnasium ``VectorEnv`` instance also gives a
             ``GymVecEnv``.
+        policy: a policy whose needs the env should meet (taken by every env class, see
+            :class:`~recurrl.envs.EnvBase`): with recurrent modules inside, the constructor
+            returns a :class:`~recurrl.envs.TransformedEnv` around this env with an
+            ``InitTracker`` and a primer for their state keys; otherwise the env itself.
         **make_kwargs: passed to ``gymnasium.make`` (e.g. ``render_mode``).
 
     Examples:
@@ -261,6 +265,18 @@ class GymEnv(EnvBase):
         >>> data = env.rollout(5, break_when_any_done=False)
         >>> data.batch_size, data["next", "reward"].dtype
         (torch.Size([5]), torch.float32)
+
+        A recurrent policy brings the transforms it needs (``is_init`` and its state keys):
+
+        >>> from tensordict.nn import TensorDictModule as Mod, TensorDictSequential as Seq
+        >>> from recurrl.modules import GRUModule
+        >>> gru = GRUModule(4, 8, in_keys=["observation", "rs"], out_keys=["h", ("next", "rs")])
+        >>> policy = Seq(gru, Mod(lambda h: h.argmax(-1) % 2, in_keys=["h"], out_keys=["action"]))
+        >>> env = GymEnv("CartPole-v1", policy=policy)
+        >>> type(env).__name__, type(env.base_env).__name__
+        ('TransformedEnv', 'GymEnv')
+        >>> sorted(env.reset().keys())
+        ['done', 'is_init', 'observation', 'rs', 'terminated', 'truncated']
     """
 
     def __new__(cls, *args: Any, num_envs: int | None = None, **kwargs: Any) -> GymEnv:

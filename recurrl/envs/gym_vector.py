@@ -125,6 +125,9 @@ class GymVecEnv(GymEnv):
         device: device of the tensors written.
         categorical_action_encoding: see :class:`~recurrl.envs.GymEnv`.
         seed: optional seed for the first reset.
+        policy: as for :class:`~recurrl.envs.GymEnv`: with a recurrent policy the
+            constructor returns a :class:`~recurrl.envs.TransformedEnv` around the
+            ``GymVecEnv`` (transforms at the batched level, ``[N]``).
         **make_kwargs: passed to ``gymnasium.make`` for every sub-env.
 
     Examples:
