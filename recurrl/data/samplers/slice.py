@@ -15,6 +15,7 @@ from recurrl.data.storages.base import Storage
 __all__ = ["SliceSampler"]
 
 TRAJ_KEY = ("collector", "traj_ids")
+EPISODE_KEY = "episode"
 END_KEY = ("next", "done")
 DONE_KEY = ("next", "done")
 MASK_KEY = ("collector", "mask")
@@ -33,13 +34,75 @@ def _positive(name: str, value: int | None) -> None:
         raise ValueError(f"SliceSampler: expected {name} to be a positive int, received {value!r}.")
 
 
+def _parse_span(span) -> tuple[int | None, int | None] | None:
+    """``span`` -> ``(left, right)``: per side, how many steps a slice cut by the trajectory
+    start (left) / end (right) may lack (``None``: the side does not span; ``-1``: all but
+    one). ``None`` when neither side spans."""
+
+    def side(value) -> int | None:
+        if isinstance(value, bool):
+            return -1 if value else None
+        if isinstance(value, int) and value >= 0:
+            return value or None
+        raise ValueError(
+            f"SliceSampler: expected span to be a bool, a non-negative int or a pair of them, "
+            f"received span={span!r}; fix: e.g. span=True, span=2 or span=(True, False)."
+        )
+
+    pair = tuple(span) if isinstance(span, (tuple, list)) else (span, span)
+    if len(pair) != 2:
+        side(object())  # raises the error above
+    left, right = side(pair[0]), side(pair[1])
+    return None if left is None and right is None else (left, right)
+
+
+def _given_boundaries(ends, trajectories, end_key, traj_key) -> tuple[str, Tensor] | None:
+    """Validate ``ends=`` / ``trajectories=``; return ``(mode, [n] tensor)`` or ``None``."""
+    if ends is None and trajectories is None:
+        return None
+    if ends is not None and trajectories is not None:
+        raise ValueError(
+            "SliceSampler: expected at most one of ends / trajectories, received both; fix: "
+            "pass the trajectory ids (trajectories=) or the end flags (ends=)."
+        )
+    if end_key is not None or traj_key is not None:
+        raise ValueError(
+            f"SliceSampler: ends= / trajectories= give the boundaries directly, so end_key="
+            f"{end_key!r} / traj_key={traj_key!r} would be ignored; fix: drop the keys."
+        )
+    mode, value = ("end", ends) if ends is not None else ("traj", trajectories)
+    name = "ends" if mode == "end" else "trajectories"
+    if not isinstance(value, Tensor) or value.dim() != 1:
+        raise ValueError(
+            f"SliceSampler: expected {name} to be a 1-D tensor over the stored steps, received "
+            f"{type(value).__name__}{tuple(getattr(value, 'shape', ()))}; fix: pass one value "
+            "per storage position."
+        )
+    if mode == "end" and value.dtype != torch.bool:
+        raise ValueError(
+            f"SliceSampler: expected ends to be a bool tensor, received dtype {value.dtype}; "
+            "fix: pass ends.bool()."
+        )
+    if mode == "traj" and (value.dtype.is_floating_point or value.dtype == torch.bool):
+        raise ValueError(
+            f"SliceSampler: expected trajectories to be an integer tensor, received dtype "
+            f"{value.dtype}; fix: pass trajectories.long()."
+        )
+    return mode, value.detach().cpu()
+
+
 class SliceSampler(Sampler):
     """Samples contiguous slices of stored trajectories, returned flat and ready for
     recurrent mode.
 
-    **Trajectories.** Boundaries come from ``traj_key`` (default: auto-detected
-    ``("collector", "traj_ids")``, a globally unique id per trajectory) when the data has it,
-    else from ``end_key`` (default ``("next", "done")``: a trajectory ends at a True step). A
+    **Trajectories.** Boundaries come from trajectory ids when the data has them, else from
+    end flags (a trajectory ends at a True step). The key is chosen from the first data
+    written and reported in ``traj_key`` (ids) or ``end_key`` (flags): the given
+    ``traj_key``, else ``("collector", "traj_ids")``, else ``"episode"``; then the given
+    ``end_key``, else ``("next", "done")``. Only ``traj_key`` given: ids only; only
+    ``end_key`` given: flags only; both: ids preferred, flags as fallback. ``ends=`` /
+    ``trajectories=`` give the boundaries directly as a tensor over the stored steps
+    (static datasets). A
     slice is drawn from a *segment*: a maximal run of storage positions with the same id
     that were written one after the other. Segments never join two rows of a ``[N, T]``
     batch, never cross the write cursor (the newest step is not followed by the oldest),
@@ -63,6 +126,15 @@ class SliceSampler(Sampler):
       steps, so every step lies in as many slices as any other (with whole slices only, a
       trajectory's last step is in one slice and an inner step in ``slice_len``). Off-policy
       losses with burn-in use ``m = burn_in + 1``: every slice then has a step in the loss.
+    - ``span``: windows of ``slice_len`` steps may also hang over the trajectory start
+      (left) and/or end (right), keeping only their steps inside it (output ragged).
+      ``True``: at least one step kept; an int ``i``: at least ``slice_len - i``; a pair
+      sets (left, right) separately. ``span=True`` puts every step of a long trajectory,
+      first and last included, in exactly ``slice_len`` windows. ``min_slice_len=m`` is
+      ``span=(False, slice_len - m)``; give one of them.
+
+    **Replacement.** ``replacement=True`` draws starts independently; ``replacement=False``
+    samples like :class:`SliceSamplerWithoutReplacement` (``drop_last``, ``shuffle``).
 
     **Marks** written into the sample (so recurrent modules and value estimators never see
     two slices as one sequence): ``"is_init"`` is True at every slice start (OR-ed with the
@@ -74,23 +146,31 @@ class SliceSampler(Sampler):
     ``slice_len``, and ``("collector", "mask")`` is True on real steps. Padded steps are
     zeros, except ``"is_init"`` (True, so each real slice end is a sequence end and no state
     flows into padding) and ``"index"`` (the slice start, when the buffer writes it).
+    The mask is written on every padded sample, also when no slice was short, so every
+    batch has the same keys (stacking, ``torch.compile`` and loss code need no branch).
     Prefer the ragged output: recurrent modules consume it directly without padding waste.
 
     Args:
         num_slices: number of slices per batch.
         slice_len: steps per slice.
-        end_key: boolean ``[*B, 1]`` key ending trajectories (used when there is no
-            ``traj_key``). Default ``("next", "done")``.
-        traj_key: int ``[*B]`` trajectory id key. Default: ``("collector", "traj_ids")`` if
-            the data has it. Give at most one of ``end_key`` / ``traj_key``.
+        end_key: boolean ``[*B, 1]`` key ending trajectories. Default ``("next", "done")``.
+        traj_key: int ``[*B]`` trajectory id key. Default: ``("collector", "traj_ids")``,
+            else ``"episode"``, when the data has it. See above for both given.
+        ends: ``[len(storage)]`` bool end flags, one per stored position (instead of a key).
+        trajectories: ``[len(storage)]`` int ids, one per stored position (instead of a key).
         cache_values: accepted for API compatibility; boundaries are always cached.
         truncated_key: key set True at slice ends (``None``: do not mark).
         strict_length: see above.
+        span: see above (default ``False``).
         min_slice_len: fewest steps a slice may have, ``1 <= min_slice_len <= slice_len``
             (``None``: ``slice_len``, whole slices only); below ``slice_len`` it needs
             ``strict_length=False``. See above.
-        compile, span, use_gpu: not supported; only their defaults are accepted.
-        pad_output: see above.
+        compile, use_gpu: accepted and ignored: sampling is index arithmetic over a few
+            cached host arrays (one entry per segment), with nothing to compile or offload.
+        pad_output: see above; needs ``strict_length=False`` (whole slices need no padding).
+        replacement: see above (default ``True``).
+        drop_last, shuffle: with ``replacement=False`` only; see
+            :class:`SliceSamplerWithoutReplacement`.
         generator: random generator (default: torch's global one).
 
     Examples:
@@ -124,13 +204,18 @@ class SliceSampler(Sampler):
         slice_len: int | None = None,
         end_key: NestedKey | None = None,
         traj_key: NestedKey | None = None,
+        ends: Tensor | None = None,
+        trajectories: Tensor | None = None,
         cache_values: bool = False,
         truncated_key: NestedKey | None = ("next", "truncated"),
         strict_length: bool = True,
-        compile: bool = False,
-        span: bool = False,
-        use_gpu: bool = False,
+        compile: bool | dict = False,
+        span: bool | int | tuple[bool | int, bool | int] = False,
+        use_gpu: bool | torch.device | str = False,
         pad_output: bool = False,
+        replacement: bool = True,
+        drop_last: bool | None = None,
+        shuffle: bool | None = None,
         generator: torch.Generator | None = None,
         min_slice_len: int | None = None,
     ) -> None:
@@ -155,30 +240,53 @@ class SliceSampler(Sampler):
                 f"slice_len, but strict_length=True asks for whole slices only; fix: pass "
                 "strict_length=False."
             )
-        if end_key is not None and traj_key is not None:
+        if pad_output and strict_length:
             raise ValueError(
-                f"SliceSampler: expected at most one of end_key / traj_key, received "
-                f"end_key={end_key!r}, traj_key={traj_key!r}; fix: trajectories come from ids "
-                "when traj_key is given, else from end flags."
+                "SliceSampler: pad_output=True pads slices shorter than slice_len, but "
+                "strict_length=True (the default) only returns whole slices, so there would "
+                "be nothing to pad; fix: pass strict_length=False with pad_output=True, or "
+                "drop pad_output."
             )
-        for name, value in (("compile", compile), ("span", span), ("use_gpu", use_gpu)):
-            if value not in (False, None):
-                raise ValueError(
-                    f"SliceSampler: {name}={value!r} is not supported (expected False); fix: "
-                    f"drop the {name} argument (sampling is vectorised torch index math)."
-                )
+        self.span = _parse_span(span)
+        if self.span is not None and min_slice_len is not None:
+            raise ValueError(
+                f"SliceSampler: span={span!r} and min_slice_len={min_slice_len} both set how "
+                "short a slice cut at a trajectory end may be; fix: give only one of them "
+                "(min_slice_len=m is span=(False, slice_len - m))."
+            )
+        self._given = _given_boundaries(ends, trajectories, end_key, traj_key)
+        if replacement and (drop_last is not None or shuffle is not None):
+            raise ValueError(
+                f"SliceSampler: drop_last={drop_last!r} / shuffle={shuffle!r} apply to "
+                "sampling without replacement only; fix: pass replacement=False (or use "
+                "SliceSamplerWithoutReplacement), or drop them."
+            )
+        # compile / use_gpu: sampling is index arithmetic over a few cached [S] host arrays
+        # (cost proportional to the number of trajectory segments, not to the buffer size);
+        # there is nothing to compile or to move to a GPU, so both are accepted and ignored.
+        self.compile, self.use_gpu = compile, use_gpu
         self.num_slices, self.slice_len = num_slices, slice_len
-        self.end_key = None if end_key is None else _key(end_key)
-        self.traj_key = None if traj_key is None else _key(traj_key)
+        self._end_key_arg = None if end_key is None else _key(end_key)
+        self._traj_key_arg = None if traj_key is None else _key(traj_key)
+        # Reported after the first data is seen: the key trajectories were read from.
+        self.end_key, self.traj_key = self._end_key_arg, self._traj_key_arg
         self.cache_values = cache_values
         self.truncated_key = None if truncated_key is None else _key(truncated_key)
         self.strict_length, self.pad_output = strict_length, pad_output
         self.min_slice_len = min_slice_len
+        self.replacement = bool(replacement)
+        self.drop_last = bool(drop_last) if drop_last is not None else False
+        self.shuffle = bool(shuffle) if shuffle is not None else True
         self._segments: Segments | None = None
         self._mode: str | None = None  # "traj" or "end", resolved from the first data
+        self._boundary_key: NestedKey | None = None
         self._tail: int | bool | None = None  # id / done flag of the newest step
         self._synced = 0  # storage.write_count the segments describe
-        self._table: tuple | None = None  # (cache key, counts, cumulative counts)
+        self._table: tuple | None = None  # (cache key, counts, cumulative counts, offsets)
+        self._perm: Tensor | None = None  # without replacement: the epoch's start ranks
+        self._epoch_key = None
+        self._used = 0
+        self.ran_out = False
 
     # -- shape ---------------------------------------------------------------------------
     def slice_shape(self, batch_size: int) -> tuple[int, int]:
@@ -197,20 +305,41 @@ class SliceSampler(Sampler):
 
     # -- boundary bookkeeping ------------------------------------------------------------
     def _resolve_mode(self, data: TensorDictBase) -> None:
+        """Choose the boundary key from the first data: trajectory ids are preferred (the
+        given ``traj_key``, else ``("collector", "traj_ids")``, else ``"episode"``), end
+        flags are the fallback (the given ``end_key``, else ``("next", "done")``)."""
         if self._mode is not None:
             return
+        if self._given is not None:
+            self._mode, self._boundary_key = self._given[0], None
+            return
         keys = set(data.keys(include_nested=True, leaves_only=True))
-        if self.traj_key is not None or (self.end_key is None and TRAJ_KEY in keys):
-            self._mode, self._boundary_key = "traj", self.traj_key or TRAJ_KEY
+        traj_given, end_given = self._traj_key_arg, self._end_key_arg
+        if traj_given is not None:
+            id_candidates = [traj_given]
+        elif end_given is None:
+            id_candidates = [TRAJ_KEY, EPISODE_KEY]
         else:
-            self._mode, self._boundary_key = "end", self.end_key or END_KEY
-        if self._boundary_key not in keys:
-            raise KeyError(
-                f"SliceSampler: expected the {'trajectory id' if self._mode == 'traj' else 'end'}"
-                f" key {self._boundary_key!r} in the data, received keys {sorted(map(str, keys))}"
-                "; fix: store ('collector', 'traj_ids') or ('next', 'done'), or pass the key "
-                "holding trajectory ids (traj_key=) or end flags (end_key=)."
-            )
+            id_candidates = []  # only end_key given: the user asked for end flags
+        end_candidate = end_given if end_given is not None else END_KEY
+        if traj_given is not None and end_given is None:
+            end_candidate = None  # only traj_key given: the user asked for ids
+        for key in id_candidates:
+            if key in keys:
+                self._mode, self._boundary_key = "traj", key
+                self.traj_key = key
+                return
+        if end_candidate is not None and end_candidate in keys:
+            self._mode, self._boundary_key = "end", end_candidate
+            self.end_key = end_candidate
+            return
+        wanted = [*id_candidates, *([end_candidate] if end_candidate is not None else [])]
+        raise KeyError(
+            f"SliceSampler: expected a trajectory key in the data (tried {wanted}, in this "
+            f"order), received keys {sorted(map(str, keys))}; fix: store "
+            "('collector', 'traj_ids') or ('next', 'done'), or pass the key holding "
+            "trajectory ids (traj_key=) or end flags (end_key=)."
+        )
 
     def _flags(self, values: Tensor, n: int) -> tuple[np.ndarray, int | bool]:
         """Start flags inside a run of ``n`` consecutive steps, and the newest step's tail."""
@@ -226,6 +355,8 @@ class SliceSampler(Sampler):
     def extend(self, storage: Storage, index: Tensor, data: TensorDictBase,
                row_start: Tensor) -> None:  # fmt: skip
         self._resolve_mode(data)
+        if self._given is not None:
+            return  # boundaries come from ends= / trajectories=: rebuilt when sampling
         n = index.numel()
         fresh = self._segments is None and storage.write_count == n
         incremental = (
@@ -253,14 +384,29 @@ class SliceSampler(Sampler):
         self._tail, self._synced = tail, storage.write_count
 
     def _rebuild(self, storage: Storage) -> None:
-        """Recompute the segments from the stored data (used when writes bypassed
-        :meth:`extend`; end-flag mode then cannot see ``[N, T]`` row boundaries)."""
+        """Recompute the segments from the stored data, or from ``ends=`` /
+        ``trajectories=`` (used when writes bypassed :meth:`extend`; end-flag mode then
+        sees ``[N, T]`` row boundaries only in a 2-D storage, ``ndim=2``)."""
         n = len(storage)
         self._resolve_mode(storage.data)
         oldest = storage.cursor if n == storage.max_size else 0
         order = (torch.arange(n) + oldest) % storage.max_size
-        values = storage.data.get(self._boundary_key)[order].cpu()
+        if self._given is not None:
+            given = self._given[1]
+            if given.numel() != n:
+                name = "ends" if self._mode == "end" else "trajectories"
+                raise ValueError(
+                    f"SliceSampler: expected {name} to hold one value per stored step "
+                    f"(len(storage)={n}), received {given.numel()} values; fix: pass a tensor "
+                    "over the stored steps (ends=/trajectories= suit static datasets)."
+                )
+            values = given[order]
+        else:
+            values = storage.data.get(self._boundary_key)[order].cpu()
         flags, self._tail = self._flags(values, n)
+        row_len = getattr(storage, "row_len", None)
+        if row_len:  # a 2-D storage: a row is one env's [T] steps, never joined to the next
+            flags |= (order % row_len == 0).numpy()
         version = 0 if self._segments is None else self._segments.version + 1
         self._segments = Segments.from_flags(storage.max_size, flags, oldest)
         self._segments.version = version  # never reused: cached tables key on it
@@ -271,64 +417,104 @@ class SliceSampler(Sampler):
             self._rebuild(storage)
         return self._segments
 
-    def _min_len(self, slice_len: int) -> int:
-        """Fewest steps a slice may have (``min_slice_len``, else ``slice_len``)."""
-        if self.min_slice_len is None:
-            return slice_len
-        if self.min_slice_len > slice_len:  # slice_len came from num_slices and batch_size
+    def _bounds(self, slice_len: int) -> tuple[int, int | None, int]:
+        """Window rules for ``slice_len``: ``(right_min, left_min, ...)``.
+
+        Returns ``(right_min, left_min, slice_len)``: a window of ``slice_len`` steps
+        starting at offset ``o`` of a segment of length ``n`` is valid when
+        ``-(slice_len - left_min) <= o <= n - right_min`` (``left_min`` ``None``: ``o >= 0``);
+        its real steps are ``[max(o, 0), min(o + slice_len, n))``.
+        """
+        if self.min_slice_len is not None and self.min_slice_len > slice_len:
+            # slice_len came from num_slices and batch_size
             raise ValueError(
                 f"SliceSampler: expected min_slice_len <= slice_len, received min_slice_len="
                 f"{self.min_slice_len}, slice_len={slice_len} (batch_size // num_slices); fix: "
                 "lower min_slice_len or raise batch_size."
             )
-        return self.min_slice_len
+        right, left = (self.min_slice_len or slice_len), None
+        if self.span is not None:
+            lack_left, lack_right = self.span
+            if lack_right is not None:
+                right = 1 if lack_right < 0 else max(slice_len - lack_right, 1)
+            if lack_left is not None:
+                left = 1 if lack_left < 0 else max(slice_len - lack_left, 1)
+        return right, left, slice_len
+
+    def _min_len(self, slice_len: int) -> int:
+        """Fewest steps a slice may have (the smaller of both sides' minimum)."""
+        right, left, _ = self._bounds(slice_len)
+        return min(right, left) if left is not None else right
 
     def _valid_starts(self, segments: Segments, slice_len: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per segment: number of valid starts ``[S]`` and their cumulative sum ``[S]``."""
-        min_len = self._min_len(slice_len)
-        key = (segments.version, slice_len, self.strict_length, min_len)
+        """Per segment: number of valid windows ``[S]`` and their cumulative sum ``[S]``."""
+        right, left, _ = self._bounds(slice_len)
+        key = (segments.version, slice_len, self.strict_length, right, left)
         if self._table is None or self._table[0] != key:
-            counts = segments.lengths - (min_len - 1)
+            lo = 0 if left is None else -(slice_len - left)
+            counts = segments.lengths - right - lo + 1
+            short = counts <= 0
+            # A segment with no valid window: skipped (strict_length) or one whole slice.
+            offsets = np.where(short, 0, lo).astype(np.int64)
             np.maximum(counts, 0 if self.strict_length else 1, out=counts)
-            self._table = (key, counts, np.cumsum(counts))
+            self._table = (key, counts, np.cumsum(counts), offsets)
         return self._table[1], self._table[2]
 
-    def _locate(self, segments: Segments, ranks: Tensor, counts: np.ndarray, cum: np.ndarray):
-        """Map ranks in ``[0, #valid starts)`` to (start position, steps left in segment)."""
+    def _locate(self, segments: Segments, ranks: Tensor, slice_len: int):
+        """Map ranks in ``[0, #valid windows)`` to (start position, real steps)."""
+        _, counts, cum, offsets = self._table
         ranks = ranks.numpy()
         seg = np.searchsorted(cum, ranks, side="right")
-        offset = ranks - cum[seg] + counts[seg]
-        start = (segments.starts[seg] + offset) % segments.capacity
-        return torch.from_numpy(start), torch.from_numpy(segments.lengths[seg] - offset)
+        window = ranks - cum[seg] + counts[seg] + offsets[seg]  # offset o in its segment
+        first = np.maximum(window, 0)
+        length = np.minimum(window + slice_len, segments.lengths[seg]) - first
+        start = (segments.starts[seg] + first) % segments.capacity
+        return torch.from_numpy(start), torch.from_numpy(length)
 
     # -- sampling ------------------------------------------------------------------------
     def sample(self, storage: Storage, batch_size: int) -> tuple[Tensor, dict]:
         self._check_nonempty(storage, type(self).__name__)
         num_slices, slice_len = self.slice_shape(batch_size)
         segments = self._sync(storage)
-        counts, cum = self._valid_starts(segments, slice_len)
+        _, cum = self._valid_starts(segments, slice_len)
         total = int(cum[-1]) if cum.size else 0
         if total == 0:
             longest = int(segments.lengths.max()) if segments.lengths.size else 0
             raise RuntimeError(
                 f"{type(self).__name__}: expected a stored trajectory of at least "
                 f"{self._min_len(slice_len)} steps (slice_len={slice_len}, min_slice_len="
-                f"{self.min_slice_len}), received trajectories of at most {longest} steps; fix: "
-                "use strict_length=False, a smaller slice_len, or store more data."
+                f"{self.min_slice_len}, span={self.span}), received trajectories of at most "
+                f"{longest} steps; fix: use strict_length=False, a smaller slice_len, or store "
+                "more data."
             )
         ranks = self._ranks(total, num_slices)
-        start, left = self._locate(segments, ranks, counts, cum)
-        return self._slices(storage, start, left, slice_len)
+        start, length = self._locate(segments, ranks, slice_len)
+        return self._slices(storage, start, length, slice_len)
 
     def _ranks(self, total: int, num_slices: int) -> Tensor:
-        """Draw ``num_slices`` start ranks uniformly in ``[0, total)`` (with replacement)."""
-        return torch.randint(total, (num_slices,), generator=self.generator)
+        """Draw ``num_slices`` window ranks in ``[0, total)``: uniformly with replacement, or
+        (``replacement=False``) the next ones of the epoch's permutation."""
+        if self.replacement:
+            return torch.randint(total, (num_slices,), generator=self.generator)
+        key = self._table[0]  # changes whenever the stored segments or slice shape change
+        remaining = 0 if self._perm is None else self._perm.numel() - self._used
+        stale = self._epoch_key != key or remaining == 0
+        if stale or (self.drop_last and remaining < min(num_slices, total)):
+            if self.shuffle:
+                self._perm = torch.randperm(total, generator=self.generator)
+            else:
+                self._perm = torch.arange(total)
+            self._epoch_key, self._used = key, 0
+        ranks = self._perm[self._used : self._used + num_slices]
+        self._used += ranks.numel()
+        self.ran_out = self._used >= self._perm.numel()
+        return ranks
 
-    def _slices(self, storage: Storage, start: Tensor, left: Tensor, slice_len: int):
-        """Index and marks of slices starting at ``start`` (``left`` steps available)."""
+    def _slices(self, storage: Storage, start: Tensor, length: Tensor, slice_len: int):
+        """Index and marks of slices starting at ``start`` with ``length`` real steps."""
         steps = torch.arange(slice_len)
         pos = (start.unsqueeze(-1) + steps) % storage.max_size  # [M, L]
-        lengths = left.clamp_max(slice_len).unsqueeze(-1)  # [M, 1]
+        lengths = length.unsqueeze(-1)  # [M, 1]
         is_start = (steps == 0).expand_as(pos)
         is_end = steps == lengths - 1
         mask = None
@@ -339,7 +525,7 @@ class SliceSampler(Sampler):
             # Padding is marked is_init: the real last step is then a sequence end, where
             # recurrent mode's ("next", state) is exact, in flat and in [M, L] layout.
             is_start, is_end = (is_start | ~real).reshape(-1), is_end.reshape(-1)
-        elif self.strict_length:
+        elif self.strict_length and self.span is None:
             index, is_start, is_end = pos.reshape(-1), is_start.reshape(-1), is_end.reshape(-1)
         else:
             real = steps < lengths
@@ -374,7 +560,12 @@ class SliceSampler(Sampler):
         state = super().state_dict()
         state.update(
             mode=self._mode,
-            boundary_key=getattr(self, "_boundary_key", None),
+            boundary_key=self._boundary_key,
+            traj_key=self.traj_key,
+            end_key=self.end_key,
+            perm=self._perm,
+            epoch_key=self._epoch_key,
+            used=self._used,
             tail=self._tail,
             synced=self._synced,
             segments=None if self._segments is None else self._segments.state_dict(),
@@ -386,6 +577,11 @@ class SliceSampler(Sampler):
         self._mode, self._tail, self._synced = state["mode"], state["tail"], state["synced"]
         if state["boundary_key"] is not None:
             self._boundary_key = _key(state["boundary_key"])
+        for name in ("traj_key", "end_key"):
+            if state.get(name) is not None:
+                setattr(self, name, _key(state[name]))
+        self._perm, self._used = state.get("perm"), state.get("used", 0)
+        self._epoch_key = state.get("epoch_key")
         self._segments = None
         if state["segments"] is not None:
             self._segments = Segments(state["segments"]["capacity"])

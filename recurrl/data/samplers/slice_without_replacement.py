@@ -17,11 +17,14 @@ class SliceSamplerWithoutReplacement(SliceSampler):
     An epoch is a random permutation of the valid starts (same definition as
     :class:`SliceSampler`); each ``sample`` call takes the next ``num_slices`` of them. The
     epoch ends when they are used up (``ran_out`` becomes True) or when the buffer is
-    extended (the set of valid starts changed), and the next call starts a new one.
+    extended (the set of valid starts changed), and the next call starts a new one. The same
+    sampler is ``SliceSampler(replacement=False, ...)`` (one implementation, shared).
 
     Args:
         drop_last: if True, a call that would get fewer than ``num_slices`` starts begins a
             new epoch instead; if False (default) it returns the remaining, smaller batch.
+        shuffle: if True (default) an epoch visits the valid starts in random order; if
+            False in storage order (oldest segment first).
         (others): as :class:`SliceSampler`.
 
     Examples:
@@ -43,44 +46,27 @@ class SliceSamplerWithoutReplacement(SliceSampler):
         *,
         num_slices: int | None = None,
         slice_len: int | None = None,
+        drop_last: bool = False,
         end_key: NestedKey | None = None,
         traj_key: NestedKey | None = None,
+        ends: Tensor | None = None,
+        trajectories: Tensor | None = None,
         truncated_key: NestedKey | None = ("next", "truncated"),
         strict_length: bool = True,
+        shuffle: bool = True,
+        compile: bool | dict = False,
+        use_gpu: bool | torch.device | str = False,
+        span: bool | int | tuple[bool | int, bool | int] = False,
         pad_output: bool = False,
-        drop_last: bool = False,
         generator: torch.Generator | None = None,
         min_slice_len: int | None = None,
+        cache_values: bool = False,
     ) -> None:
         super().__init__(
             num_slices=num_slices, slice_len=slice_len, end_key=end_key, traj_key=traj_key,
-            truncated_key=truncated_key, strict_length=strict_length, pad_output=pad_output,
-            generator=generator, min_slice_len=min_slice_len,
+            ends=ends, trajectories=trajectories, cache_values=cache_values,
+            truncated_key=truncated_key, strict_length=strict_length, compile=compile,
+            span=span, use_gpu=use_gpu, pad_output=pad_output, replacement=False,
+            drop_last=drop_last, shuffle=shuffle, generator=generator,
+            min_slice_len=min_slice_len,
         )  # fmt: skip
-        self.drop_last = drop_last
-        self._perm: Tensor | None = None
-        self._epoch_key = None
-        self._used = 0
-        self.ran_out = False
-
-    def _ranks(self, total: int, num_slices: int) -> Tensor:
-        key = self._table[0]  # changes whenever the stored segments or slice shape change
-        remaining = 0 if self._perm is None else self._perm.numel() - self._used
-        stale = self._epoch_key != key or remaining == 0
-        if stale or (self.drop_last and remaining < min(num_slices, total)):
-            self._perm = torch.randperm(total, generator=self.generator)
-            self._epoch_key, self._used = key, 0
-        ranks = self._perm[self._used : self._used + num_slices]
-        self._used += ranks.numel()
-        self.ran_out = self._used >= self._perm.numel()
-        return ranks
-
-    def state_dict(self) -> dict:
-        state = super().state_dict()
-        state.update(perm=self._perm, epoch_key=self._epoch_key, used=self._used)
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self._perm, self._used = state["perm"], state["used"]
-        self._epoch_key = state["epoch_key"]

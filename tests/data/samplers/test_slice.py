@@ -286,10 +286,24 @@ def test_explicit_keys():
         ({}, "exactly one of num_slices"),
         ({"num_slices": 2, "slice_len": 3}, "exactly one of num_slices"),
         ({"slice_len": 0}, "positive int"),
-        ({"slice_len": 2, "end_key": "a", "traj_key": "b"}, "at most one of end_key"),
-        ({"slice_len": 2, "compile": True}, "compile=True is not supported"),
-        ({"slice_len": 2, "span": True}, "span=True is not supported"),
-        ({"slice_len": 2, "use_gpu": True}, "use_gpu=True is not supported"),
+        ({"slice_len": 2, "pad_output": True}, "nothing to pad"),
+        ({"slice_len": 2, "span": -1}, "expected span"),
+        ({"slice_len": 2, "span": (True, 1, 2)}, "expected span"),
+        ({"slice_len": 2, "span": True, "min_slice_len": 1, "strict_length": False}, "only one"),
+        ({"slice_len": 2, "drop_last": True}, "replacement=False"),
+        ({"slice_len": 2, "shuffle": False}, "replacement=False"),
+        (
+            {
+                "slice_len": 2,
+                "ends": torch.zeros(3, dtype=torch.bool),
+                "trajectories": torch.zeros(3, dtype=torch.long),
+            },
+            "at most one of ends",
+        ),
+        ({"slice_len": 2, "ends": torch.zeros(3).bool(), "end_key": "a"}, "drop the keys"),
+        ({"slice_len": 2, "ends": torch.zeros(3)}, "bool tensor"),
+        ({"slice_len": 2, "trajectories": torch.zeros(3, 1, dtype=torch.long)}, "1-D tensor"),
+        ({"slice_len": 2, "trajectories": torch.zeros(3)}, "integer tensor"),
         ({"slice_len": 2, "min_slice_len": 0, "strict_length": False}, "positive int"),
         ({"slice_len": 2, "min_slice_len": 3, "strict_length": False}, "min_slice_len <= slice"),
         ({"slice_len": 4, "min_slice_len": 2}, "strict_length=False"),
@@ -320,3 +334,142 @@ def test_errors_at_use():
     rb.extend(data)
     with pytest.raises(ValueError, match="min_slice_len=5, slice_len=4"):
         rb.sample()
+
+
+# -- keys: both given, auto-detection, boundaries given as tensors --------------------------
+
+
+def _ids_and_ends(data):
+    data = data.clone()
+    data["my_ids"] = data["tid"]
+    data["my_end"] = data["next", "done"]
+    return data.exclude(TRAJ, ("next", "done"))
+
+
+def _segments_of(sampler):
+    segs = sampler._segments
+    return list(zip(segs.starts.tolist(), segs.lengths.tolist(), strict=True))
+
+
+def test_traj_key_preferred_end_key_as_fallback():
+    data = _ids_and_ends(FakeCollector(2, 3, 6, 0).batch(20))
+    sampler = SliceSampler(slice_len=2, end_key="my_end", traj_key="my_ids")
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100), sampler=sampler)
+    rb.extend(data)
+    assert sampler._mode == "traj" and sampler.traj_key == "my_ids"
+    assert _segments_of(sampler) == reference_segments(rb.storage)
+    sampler = SliceSampler(slice_len=2, end_key="my_end", traj_key="my_ids")
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100), sampler=sampler)
+    rb.extend(data.exclude("my_ids"))
+    assert sampler._mode == "end" and sampler.end_key == "my_end"
+    assert _segments_of(sampler) == reference_segments(rb.storage)
+
+
+@pytest.mark.parametrize(
+    ("drop", "rename", "mode", "key"),
+    [
+        ((), None, "traj", TRAJ),  # collector ids first, even when "episode" is stored too
+        ((TRAJ,), "episode", "traj", "episode"),
+        ((TRAJ,), None, "end", ("next", "done")),
+    ],
+)
+def test_trajectory_key_is_detected_and_reported(drop, rename, mode, key):
+    data = FakeCollector(2, 3, 6, 0).batch(20)
+    data["episode"] = data["tid"] + 100
+    if rename is None:
+        data = data.exclude("episode")
+    sampler = SliceSampler(slice_len=2)
+    assert sampler.traj_key is None and sampler.end_key is None
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100), sampler=sampler)
+    if drop == () and rename is None:
+        data["episode"] = torch.zeros_like(data["tid"])  # would join trajectories if used
+    rb.extend(data.exclude(*drop))
+    assert sampler._mode == mode
+    assert (sampler.traj_key if mode == "traj" else sampler.end_key) == key
+    assert _segments_of(sampler) == reference_segments(rb.storage)
+    state = sampler.state_dict()
+    fresh = SliceSampler(slice_len=2)
+    fresh.load_state_dict(state)
+    assert (fresh.traj_key, fresh.end_key) == (sampler.traj_key, sampler.end_key)
+
+
+@pytest.mark.parametrize("given", ["ends", "trajectories"])
+def test_boundaries_given_as_tensors(given):
+    data = FakeCollector(None, 2, 7, 0).batch(40)  # one env: a static dataset in time order
+    value = data["next", "done"].reshape(-1) if given == "ends" else data["tid"] * 3
+    sampler = SliceSampler(slice_len=3, **{given: value})
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(40), sampler=sampler, batch_size=30)
+    rb.extend(data.exclude(TRAJ, ("next", "done"), "is_init"))  # no key in the data
+    sample = rb.sample()
+    assert _segments_of(sampler) == reference_segments(rb.storage)
+    starts = sample["index"].view(10, 3)[:, 0]
+    assert set(starts.tolist()) <= reference_starts(rb.storage, 3, strict=True)
+    pieces = sample.view(10, 3)
+    assert (pieces["tid"] == pieces["tid"][:, :1]).all()
+    rb.extend(data[:5].exclude(TRAJ, ("next", "done"), "is_init"))  # tensor now too long
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(50), sampler=SliceSampler(
+        slice_len=3, **{given: value[:10]}), batch_size=3)  # fmt: skip
+    rb.extend(data)
+    with pytest.raises(ValueError, match="one value per stored step"):
+        rb.sample()
+
+
+# -- span --------------------------------------------------------------------------------
+
+
+def reference_windows(storage, slice_len: int, left: int | None, right: int, strict: bool):
+    """Brute force: every (start position, real length) window of the span rules."""
+    windows = []
+    cap = storage.max_size
+    for start, n in reference_segments(storage):
+        lo = 0 if left is None else -(slice_len - left)
+        found = [(max(o, 0), min(o + slice_len, n) - max(o, 0)) for o in range(lo, n - right + 1)]
+        if not found and not strict:
+            found = [(0, min(n, slice_len))]
+        windows += [((start + a) % cap, length) for a, length in found]
+    return sorted(windows)
+
+
+@pytest.mark.parametrize(
+    ("span", "left", "right"),
+    [(True, 1, 1), ((True, False), 1, 5), ((False, True), None, 1), (2, 3, 3), ((1, 0), 4, 5)],
+)
+@pytest.mark.parametrize("strict", [True, False])
+def test_span_windows_cover_trajectory_ends(span, left, right, strict):
+    """One shuffle-free epoch visits exactly the windows of the span rules: slices may be cut
+    by the trajectory start (left) and end (right), never crossing either."""
+    slice_len = 5
+    sampler = SliceSampler(slice_len=slice_len, span=span, replacement=False, shuffle=False,
+                           strict_length=strict)  # fmt: skip
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(70), sampler=sampler,
+                                batch_size=4 * slice_len)  # fmt: skip
+    collector = FakeCollector(3, 1, 9, 0)
+    for _ in range(4):
+        rb.extend(collector.batch(7))
+    got = []
+    for sample in rb:
+        for piece in split_slices(sample):
+            check_slice(piece, slice_len)
+            got.append((int(piece["index"][0]), piece.batch_size[0]))
+    assert sorted(got) == reference_windows(rb.storage, slice_len, left, right, strict)
+
+
+def test_span_true_covers_every_step_equally():
+    """span=True: inside a long trajectory, every step (first and last included) lies in
+    slice_len windows, so sampling is uniform over steps."""
+    data = FakeCollector(None, 30, 30, 0).batch(30)  # one trajectory of 30 steps
+    sampler = SliceSampler(slice_len=4, span=True, replacement=False, shuffle=False)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(30), sampler=sampler, batch_size=8)
+    rb.extend(data)
+    hits = torch.zeros(30, dtype=torch.long)
+    for sample in rb:
+        hits += torch.bincount(sample["index"], minlength=30)
+    assert (hits == 4).all()
+
+
+def test_harmless_reference_arguments_are_accepted():
+    sampler = SliceSampler(slice_len=2, compile={"mode": "default"}, use_gpu=True,
+                           cache_values=True)  # fmt: skip
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(30), sampler=sampler, batch_size=4)
+    rb.extend(FakeCollector(None, 3, 5, 0).batch(20))
+    check_sample(rb.sample(), 2, 2, strict=True, pad=False)

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-from recurrl.data import LazyTensorStorage, SliceSamplerWithoutReplacement, TensorDictReplayBuffer
+from recurrl.data import (
+    LazyTensorStorage,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+    TensorDictReplayBuffer,
+)
 from tests.data._fake import FakeCollector, reference_starts
 
 
@@ -59,4 +65,34 @@ def test_state_dict_continues_the_epoch():
 
 def test_rejects_unsupported_arguments():
     with pytest.raises(TypeError):
-        SliceSamplerWithoutReplacement(slice_len=2, compile=True)  # not a parameter
+        SliceSamplerWithoutReplacement(slice_len=2, replacement=True)  # not a parameter
+
+
+def test_replacement_false_is_the_same_sampler():
+    """SliceSampler(replacement=False) samples exactly like SliceSamplerWithoutReplacement."""
+    samples = []
+    for sampler in (SliceSamplerWithoutReplacement(slice_len=3, generator=_gen()),
+                    SliceSampler(slice_len=3, replacement=False, generator=_gen())):  # fmt: skip
+        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(60), sampler=sampler, batch_size=12)
+        rb.extend(FakeCollector(2, 2, 9, 0).batch(40))
+        samples.append([starts_of(s) for s in rb])
+    assert samples[0] == samples[1]
+    valid = reference_starts(rb.storage, 3, strict=True)
+    assert sorted(x for starts in samples[0] for x in starts) == sorted(valid)
+
+
+def test_shuffle_false_visits_starts_in_storage_order():
+    sampler = SliceSamplerWithoutReplacement(slice_len=3, shuffle=False)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(60), sampler=sampler, batch_size=12)
+    rb.extend(FakeCollector(None, 4, 9, 0).batch(30))  # one env, no wrap: time = position
+    seen = [x for sample in rb for x in starts_of(sample)]
+    assert seen == sorted(reference_starts(rb.storage, 3, strict=True))
+
+
+def test_harmless_reference_arguments_are_accepted():
+    sampler = SliceSamplerWithoutReplacement(slice_len=2, compile=True, use_gpu=True)
+    assert sampler.compile and sampler.use_gpu
+
+
+def _gen():
+    return torch.Generator().manual_seed(0)
