@@ -13,7 +13,7 @@ from recurrl.modules.lstm_net import LSTMNet
 from recurrl.modules.mlp import MLP
 from recurrl.modules.recurrent import RecurrentModule
 from recurrl.modules.recurrent_mode import recurrent_mode, set_recurrent_mode
-from recurrl.modules.utils import get_primers_from_module
+from recurrl.modules.utils import get_env_transforms_from_module, get_primers_from_module
 
 __all__ = [
     "GRU",
@@ -27,6 +27,7 @@ __all__ = [
     "RecurrentMatmulPrecision",
     "RecurrentMatmulPrecisionUserMode",
     "RecurrentModule",
+    "get_env_transforms_from_module",
     "get_primers_from_module",
     "get_recurrent_matmul_precision",
     "recurrent_mode",

@@ -2,16 +2,36 @@
 
 from __future__ import annotations
 
+import warnings
+from typing import TYPE_CHECKING
+
+from tensordict.utils import NestedKey
 from torch import nn
 
-__all__ = ["get_primers_from_module"]
+if TYPE_CHECKING:
+    from recurrl.envs.transforms import Compose, InitTracker, TensorDictPrimer
+
+__all__ = ["get_env_transforms_from_module", "get_primers_from_module"]
 
 
-def get_primers_from_module(module: nn.Module):
+def get_primers_from_module(
+    module: nn.Module, warn: bool = True, strict: bool = True
+) -> TensorDictPrimer | Compose | None:
     """The primers every recurrent submodule of ``module`` needs, in module order.
 
-    Returns ``None`` when ``module`` holds no recurrent module, the single
-    ``TensorDictPrimer`` when it holds one, and a ``Compose`` of them otherwise.
+    Every submodule with a ``make_tensordict_primer()`` method contributes its primer.
+
+    Args:
+        module: the policy (or any ``nn.Module``) to look through.
+        warn: emit a ``UserWarning`` when ``module`` holds no recurrent module (a policy
+            passed here usually should hold one). Default: True.
+        strict: let an exception raised by a submodule's ``make_tensordict_primer()``
+            propagate. With ``False`` such submodules are skipped, one ``UserWarning`` names
+            their types, and the primers of the others are still returned. Default: True.
+
+    Returns:
+        ``None`` when no primer was made, the single ``TensorDictPrimer`` when there is
+        one, and a ``Compose`` of them otherwise.
 
     Examples:
         >>> from tensordict.nn import TensorDictSequential as Seq
@@ -22,18 +42,93 @@ def get_primers_from_module(module: nn.Module):
         ... )
         >>> type(get_primers_from_module(policy)).__name__
         'Compose'
-        >>> get_primers_from_module(nn.Linear(2, 2)) is None
+        >>> get_primers_from_module(nn.Linear(2, 2), warn=False) is None
         True
     """
-    primers = [
-        sub.make_tensordict_primer()
-        for sub in module.modules()
-        if callable(getattr(sub, "make_tensordict_primer", None))
-    ]
+    primers, failed = [], []
+    for sub in module.modules():
+        make = getattr(sub, "make_tensordict_primer", None)
+        if not callable(make):
+            continue
+        if strict:
+            primers.append(make())
+            continue
+        try:
+            primers.append(make())
+        except Exception as err:  # reported below, as strict=False asks
+            failed.append(f"{type(sub).__name__} ({type(err).__name__}: {err})")
+    if failed:
+        warnings.warn(
+            f"get_primers_from_module(strict=False): make_tensordict_primer() failed for "
+            f"{len(failed)} submodule(s), whose primers are left out: {'; '.join(failed)}. "
+            f"Their state keys will be missing from the env; call it with strict=True to "
+            f"see the full error.",
+            UserWarning,
+            stacklevel=2,
+        )
     if not primers:
+        if warn:
+            warnings.warn(
+                f"get_primers_from_module: no primer found in {type(module).__name__} (it "
+                f"holds no LSTMModule/GRUModule or other module with make_tensordict_primer"
+                f"()); returning None. Pass warn=False if that is expected.",
+                UserWarning,
+                stacklevel=2,
+            )
         return None
     if len(primers) == 1:
         return primers[0]
     from recurrl.envs.transforms import Compose
 
     return Compose(*primers)
+
+
+def get_env_transforms_from_module(module: nn.Module, init_key: NestedKey = "is_init") -> (
+    Compose | InitTracker
+):  # fmt: skip
+    """The env transforms a policy needs: an ``InitTracker`` and its recurrent modules' primers.
+
+    Append the result to the env (``TransformedEnv(base_env, transforms)`` or
+    ``env.append_transform(transforms)``) so that ``init_key`` marks episode starts and the
+    hidden states ride from step to step.
+
+    Args:
+        module: the policy; its recurrent submodules are found as by
+            :func:`get_primers_from_module`.
+        init_key: the key ``InitTracker`` writes. recurrl's recurrent modules read
+            ``"is_init"``; another key raises ``ValueError`` when ``module`` holds one
+            (they would never see a reset). Default: ``"is_init"``.
+
+    Returns:
+        ``Compose(InitTracker(init_key), *primers)`` when ``module`` holds recurrent
+        modules, else the bare ``InitTracker``.
+
+    Examples:
+        >>> from recurrl.modules import GRUModule
+        >>> gru = GRUModule(4, 8, in_keys=["obs", "rs"], out_keys=["features", ("next", "rs")])
+        >>> transforms = get_env_transforms_from_module(gru)
+        >>> [type(t).__name__ for t in transforms]
+        ['InitTracker', 'TensorDictPrimer']
+        >>> type(get_env_transforms_from_module(nn.Linear(2, 2))).__name__
+        'InitTracker'
+    """
+    from recurrl.envs.transforms import Compose, InitTracker
+
+    readers = [
+        type(sub).__name__
+        for sub in module.modules()
+        if callable(getattr(sub, "make_tensordict_primer", None))
+        and init_key not in getattr(sub, "in_keys", [init_key])
+    ]
+    if readers:
+        raise ValueError(
+            f"get_env_transforms_from_module: init_key={init_key!r} is not read by "
+            f"{sorted(set(readers))}, which read 'is_init' to restart their hidden state; "
+            f"with another key they would never see an episode start. Fix: keep the default "
+            f"init_key='is_init'."
+        )
+    tracker = InitTracker(init_key=init_key)
+    primers = get_primers_from_module(module, warn=False)
+    if primers is None:
+        return tracker
+    return Compose(tracker, *(primers if isinstance(primers, Compose) else [primers]))

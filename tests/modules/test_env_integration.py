@@ -14,7 +14,13 @@ from tensordict.nn import TensorDictSequential as Seq
 from torch import nn
 
 from recurrl.envs import Compose, GymEnv, InitTracker, TransformedEnv
-from recurrl.modules import GRUModule, LSTMModule, get_primers_from_module, set_recurrent_mode
+from recurrl.modules import (
+    GRUModule,
+    LSTMModule,
+    get_env_transforms_from_module,
+    get_primers_from_module,
+    set_recurrent_mode,
+)
 from recurrl.testing.envs import CountingEnv
 
 from ._reference import trajectory_end_mask
@@ -105,6 +111,18 @@ def test_primers_from_the_whole_policy():
     )
     with torch.no_grad():
         data = env.rollout(6, policy, break_when_any_done=False)
+    _check_replay(rnn, data)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_env_transforms_from_the_whole_policy(kind):
+    rnn, policy = _policy(kind, 3)
+    env = TransformedEnv(
+        CountingEnv(batch_size=(2,), max_steps=[2, 4]), get_env_transforms_from_module(policy)
+    )
+    with torch.no_grad():
+        data = env.rollout(6, policy, break_when_any_done=False)
+    assert data["is_init"][:, 0].all() and data["is_init"][:, 1:].any()
     _check_replay(rnn, data)
 
 

@@ -1,23 +1,94 @@
-"""``get_primers_from_module``: None, one primer, or a Compose in module order."""
+"""``get_primers_from_module`` (None, one primer, or a Compose in module order; ``warn``,
+``strict``) and ``get_env_transforms_from_module``."""
 
 from __future__ import annotations
 
+import warnings
+
+import pytest
 import torch
 from tensordict.nn import TensorDictModule as Mod
 from tensordict.nn import TensorDictSequential as Seq
 from torch import nn
 
-from recurrl.envs import Compose, TensorDictPrimer
-from recurrl.modules import GRUModule, LSTMModule, get_primers_from_module
+from recurrl.envs import Compose, InitTracker, TensorDictPrimer
+from recurrl.modules import (
+    GRUModule,
+    LSTMModule,
+    get_env_transforms_from_module,
+    get_primers_from_module,
+)
+from recurrl.modules import utils as module_utils
 
 
 def _keys(primer) -> list:
     return list(primer.primers.keys(True, True))
 
 
-def test_no_recurrent_module():
-    assert get_primers_from_module(nn.Linear(2, 2)) is None
-    assert get_primers_from_module(Seq(Mod(nn.Linear(2, 2), ["a"], ["b"]))) is None
+def test_no_recurrent_module_warns_unless_warn_false():
+    with pytest.warns(UserWarning, match="no primer found in Linear"):
+        assert get_primers_from_module(nn.Linear(2, 2)) is None
+    with pytest.warns(UserWarning, match="warn=False"):
+        assert get_primers_from_module(Seq(Mod(nn.Linear(2, 2), ["a"], ["b"]))) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert get_primers_from_module(nn.Linear(2, 2), warn=False) is None
+        # a module with primers never warns
+        assert get_primers_from_module(GRUModule(3, 4, in_key="o", out_key="f")) is not None
+
+
+class _Broken(nn.Module):
+    def make_tensordict_primer(self):
+        raise RuntimeError("needs input_shape")
+
+
+def test_strict_propagates_primer_errors_and_non_strict_skips_them():
+    gru = GRUModule(3, 4, in_keys=["obs", "gru_h"], out_keys=["a", ("next", "gru_h")])
+    policy = nn.ModuleList([_Broken(), gru])
+    with pytest.raises(RuntimeError, match="needs input_shape"):
+        get_primers_from_module(policy)
+    with pytest.raises(RuntimeError, match="needs input_shape"):
+        get_primers_from_module(policy, strict=True)
+    with pytest.warns(UserWarning, match=r"_Broken \(RuntimeError: needs input_shape\)"):
+        primer = get_primers_from_module(policy, strict=False)
+    assert isinstance(primer, TensorDictPrimer) and _keys(primer) == ["gru_h"]
+    # nothing left: the failure warning, then the "no primer" one unless warn=False
+    with pytest.warns(UserWarning) as record:
+        assert get_primers_from_module(_Broken(), strict=False) is None
+    assert [("failed" in str(w.message), "no primer" in str(w.message)) for w in record] == [
+        (True, False),
+        (False, True),
+    ]
+
+
+def test_exported_where_the_reference_has_them():
+    assert module_utils.get_primers_from_module is get_primers_from_module
+    assert module_utils.get_env_transforms_from_module is get_env_transforms_from_module
+
+
+def test_env_transforms_init_tracker_then_primers():
+    gru = GRUModule(3, 4, in_keys=["obs", "gru_h"], out_keys=["a", ("next", "gru_h")])
+    lstm = LSTMModule(4, 5, in_keys=["a", "h", "c"], out_keys=["b", ("next", "h"), ("next", "c")])
+    one = get_env_transforms_from_module(gru)
+    assert isinstance(one, Compose) and len(one) == 2
+    assert isinstance(one[0], InitTracker) and one[0].init_key == "is_init"
+    assert isinstance(one[1], TensorDictPrimer) and _keys(one[1]) == ["gru_h"]
+    two = get_env_transforms_from_module(Seq(gru, lstm))  # flat: no Compose inside Compose
+    assert [type(t) for t in two] == [InitTracker, TensorDictPrimer, TensorDictPrimer]
+    assert [_keys(t) for t in list(two)[1:]] == [["gru_h"], ["h", "c"]]
+
+
+def test_env_transforms_without_recurrent_module_is_a_bare_init_tracker():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "no primer" warning here
+        tracker = get_env_transforms_from_module(nn.Linear(2, 2), init_key="start")
+    assert isinstance(tracker, InitTracker) and tracker.init_key == "start"
+
+
+def test_env_transforms_init_key_the_modules_do_not_read_raises():
+    gru = GRUModule(3, 4, in_key="obs", out_key="a")
+    with pytest.raises(ValueError, match=r"init_key='start' is not read by \['GRUModule'\]"):
+        get_env_transforms_from_module(gru, init_key="start")
 
 
 def test_one_recurrent_module():
