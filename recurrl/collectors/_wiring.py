@@ -25,9 +25,27 @@ from recurrl.envs import (
 )
 from recurrl.modules import RecurrentModule
 
-__all__ = ["missing_policy_transforms", "register_policy_transforms"]
+__all__ = [
+    "MissingPolicyTransformsError",
+    "missing_policy_transforms",
+    "register_policy_transforms",
+]
 
 INIT_KEY = "is_init"
+
+
+class MissingPolicyTransformsError(ValueError, KeyError):
+    """A recurrent policy's env lacks ``is_init`` (an InitTracker) or a state key (a primer).
+
+    Raised by the :class:`~recurrl.collectors.Collector` with
+    ``auto_register_policy_transforms=False``. It is a ``ValueError`` (recurrl's error for a
+    wrong setup) and a ``KeyError`` (what the reference raises there: the policy misses the
+    key), so either ``except`` catches it. Its ``str()`` is the message as written (a plain
+    ``KeyError`` would print it within quotes).
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if len(self.args) == 1 else super().__str__()
 
 
 def recurrent_submodules(policy: Any) -> list[RecurrentModule]:
@@ -93,17 +111,19 @@ def register_policy_transforms(env: EnvBase, policy: Any, *, auto: bool) -> EnvB
             env is wrapped in a new one); with ``False`` raise instead.
 
     Raises:
-        ValueError: ``auto=False`` and something is missing (the message names it and the fix).
+        MissingPolicyTransformsError: ``auto=False`` and something is missing (the message
+            names the missing keys and the fix); a ``ValueError`` and a ``KeyError``.
     """
     missing = missing_policy_transforms(env, policy)
     if not missing:
         return env
     if not auto:
-        raise ValueError(
+        raise MissingPolicyTransformsError(
             f"Collector: the policy has recurrent submodules, but the env lacks "
             f"{_describe(missing)}; without them the hidden state is silently reset or "
-            f"leaks across episodes. Fix: pass auto_register_policy_transforms=True, or "
-            f"append them yourself: env = env.append_transform(InitTracker()) and "
+            f"leaks across episodes. Fix: pass auto_register_policy_transforms=True, build "
+            f"the env with policy=policy (e.g. GymEnv(name, policy=policy)), or append "
+            f"them yourself: env = env.append_transform(InitTracker()) and "
             f"env = env.append_transform(get_primers_from_module(policy))."
         )
     if isinstance(env, TransformedEnv):

@@ -13,12 +13,12 @@ from tensordict import NestedKey, TensorDict, TensorDictBase
 from torch import nn
 
 from recurrl.collectors._policy_plan import plan_policy
-from recurrl.collectors._wiring import register_policy_transforms
+from recurrl.collectors._wiring import MissingPolicyTransformsError, register_policy_transforms
 from recurrl.envs import EnvBase
 from recurrl.envs.utils import RESET_KEY, tensordict_of_checked
 from recurrl.modules import set_recurrent_mode
 
-__all__ = ["Collector"]
+__all__ = ["Collector", "MissingPolicyTransformsError"]
 
 TRAJ_KEY = ("collector", "traj_ids")
 # Steps are stacked by chunks of this many as they come: a whole batch of per-step
@@ -57,6 +57,12 @@ class Collector:
             global RNG).
 
     Keyword Args:
+        policy_factory: instead of ``policy``: a callable taking no argument that returns
+            the policy, called once here, where the policy is needed (e.g. in each remote
+            collector of a :class:`~recurrl.collectors.RayCollector` through its
+            ``collector_kwargs``, so that each builds its own). Giving both raises
+            ``TypeError``. :meth:`update_policy_weights_` without weights is then a no-op
+            (the collector owns the policy it built).
         frames_per_batch: frames per yielded batch. Batches have batch size ``[T]`` for a
             single env and ``[N, T]`` for ``N`` envs, with ``T = frames_per_batch / N``
             (``frames_per_batch`` must be a multiple of ``N``).
@@ -70,7 +76,9 @@ class Collector:
         auto_register_policy_transforms: when the policy holds recurrent modules and the env
             lacks an ``InitTracker`` or a primer for some state key, append exactly what is
             missing (a ``TransformedEnv`` is extended in place; another env is wrapped).
-            With ``False`` the same situation raises ``ValueError`` at construction.
+            With ``False`` the same situation raises :class:`MissingPolicyTransformsError`
+            at construction (a ``ValueError`` and a ``KeyError``, naming the missing
+            ``is_init`` / state keys).
         reset_at_each_iter: reset every env at the start of every batch.
         split_trajs: not supported (``True`` raises); use ``("collector", "traj_ids")``.
         init_random_frames: take random actions instead of the policy for the batches that
@@ -115,6 +123,7 @@ class Collector:
         env: EnvBase | Callable[[], EnvBase],
         policy: Policy | None = None,
         *,
+        policy_factory: Callable[[], Policy] | None = None,
         frames_per_batch: int,
         total_frames: int = -1,
         device: torch.device | str | None = None,
@@ -167,6 +176,9 @@ class Collector:
             raise ValueError(
                 f"Collector: expected total_frames >= 1 or -1 (endless), received {total_frames}."
             )
+        own_policy = policy_factory is not None
+        if own_policy:
+            policy = _policy_from_factory(policy, policy_factory)
         self.env = register_policy_transforms(env, policy, auto=auto_register_policy_transforms)
         self.frames_per_batch = frames_per_batch
         self.total_frames = total_frames
@@ -176,8 +188,8 @@ class Collector:
         self.storing_device = torch.device(
             storing_device if storing_device is not None else self.env.device
         )
-        self._given_policy = policy
-        self.policy = self._policy_on_device(policy)
+        self.policy = self._policy_on_device(policy, own=own_policy)
+        self._given_policy = self.policy if own_policy else policy
         self._steps = frames_per_batch // n_envs
         self._time_dim = len(batch)
         self.frames = 0
@@ -189,9 +201,13 @@ class Collector:
         self._closed = False
 
     # --- policy --------------------------------------------------------------------------
-    def _policy_on_device(self, policy: Policy | None) -> Policy | None:
+    def _policy_on_device(self, policy: Policy | None, own: bool = False) -> Policy | None:
+        """``policy`` on ``self.device``: moved there when the collector built it
+        (``own``), else a copy when some of its tensors are elsewhere."""
         if self.device is None or not isinstance(policy, nn.Module):
             return policy
+        if own:
+            return policy.to(self.device)
         tensors = [*policy.parameters(), *policy.buffers()]
         if all(t.device == self.device for t in tensors):
             return policy
@@ -428,6 +444,28 @@ class Collector:
             f"{list(self.env.batch_size)}), frames_per_batch={self.frames_per_batch}, "
             f"total_frames={self.total_frames}, frames={self.frames})"
         )
+
+
+def _policy_from_factory(policy: object, policy_factory: object) -> Policy:
+    """The policy ``policy_factory()`` returns, checked (``policy`` must not be given)."""
+    if policy is not None:
+        raise TypeError(
+            "Collector: policy and policy_factory are mutually exclusive, received both. Fix: "
+            "pass policy_factory alone (each collector builds its policy) or policy alone."
+        )
+    if not callable(policy_factory):
+        raise TypeError(
+            f"Collector: expected policy_factory a callable taking no argument and returning "
+            f"the policy, received {type(policy_factory).__name__}."
+        )
+    built = policy_factory()
+    if not callable(built):
+        raise TypeError(
+            f"Collector: policy_factory() returned {type(built).__name__}, expected a policy "
+            f"(a callable TensorDict -> TensorDict). For random actions pass neither policy "
+            f"nor policy_factory."
+        )
+    return built
 
 
 def _check_traj_id_layout(offset: object, stride: object) -> None:

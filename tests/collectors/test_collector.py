@@ -19,7 +19,7 @@ from tensordict.nn import TensorDictSequential as Seq
 from torch import nn
 
 from recurrl.collectors import Collector
-from recurrl.collectors.collector import _CHUNK_STEPS
+from recurrl.collectors.collector import _CHUNK_STEPS, MissingPolicyTransformsError
 from recurrl.envs import (
     Compose,
     GymEnv,
@@ -283,6 +283,72 @@ def test_missing_transforms_without_auto_registration_fail_loudly():
     assert "an InitTracker" not in str(err.value)
     wired = env.append_transform(lstm.make_tensordict_primer())
     Collector(wired, policy, frames_per_batch=4, auto_register_policy_transforms=False)
+
+
+def test_missing_is_init_is_also_a_key_error_with_a_readable_message():
+    _, policy = make_policy()
+    with pytest.raises(KeyError) as err:  # what code written for the reference catches
+        Collector(CountingEnv(), policy, frames_per_batch=4, auto_register_policy_transforms=False)
+    assert isinstance(err.value, ValueError)
+    assert isinstance(err.value, MissingPolicyTransformsError)
+    message = str(err.value)
+    assert "'is_init'" in message and message.startswith("Collector: the policy has")
+    assert "policy=policy" in message  # names the env-constructor fix too
+    assert not message.startswith('"')  # not KeyError's repr-quoted str()
+    assert err.value.args == (message,)
+    assert "Collector: the policy has" in "".join(traceback.format_exception_only(err.value))
+
+
+# --- policy_factory -----------------------------------------------------------------------
+def test_policy_factory_builds_the_policy_once_and_is_wired_like_policy():
+    calls = []
+
+    def factory():
+        calls.append(1)
+        return make_policy(seed=3)[1]
+
+    env = CountingEnv(batch_size=(2,), max_steps=3)
+    collector = Collector(env, policy_factory=factory, frames_per_batch=8, total_frames=16)
+    assert len(calls) == 1 and isinstance(collector.policy, Seq)
+    assert _count(collector.env) == (1, 1)  # auto-wired from the built policy
+    batches = list(collector)
+    assert len(calls) == 1 and len(batches) == 2
+    # same data as the same policy given directly
+    reference = list(
+        Collector(
+            CountingEnv(batch_size=(2,), max_steps=3),
+            make_policy(seed=3)[1],
+            frames_per_batch=8,
+            total_frames=16,
+        )
+    )
+    for a, b in zip(batches, reference, strict=True):
+        assert torch.equal(a["action"], b["action"]) and torch.equal(a["rs_h"], b["rs_h"])
+    before = [p.clone() for p in collector.policy.parameters()]
+    collector.update_policy_weights_()  # nothing to refresh: the collector owns its policy
+    assert all(torch.equal(a, b) for a, b in zip(before, collector.policy.parameters()))
+    state = make_policy(seed=4)[1].state_dict()
+    collector.update_policy_weights_(state)
+    key = "module.0.lstm.weight_ih_l0"
+    assert torch.equal(collector.policy.state_dict()[key], state[key])
+
+
+def test_policy_factory_errors():
+    _, policy = make_policy()
+    with pytest.raises(TypeError, match="mutually exclusive"):
+        Collector(CountingEnv(), policy, policy_factory=lambda: policy, frames_per_batch=4)
+    with pytest.raises(TypeError, match=r"expected policy_factory a callable.*received Ordered"):
+        Collector(CountingEnv(), policy_factory=policy.state_dict(), frames_per_batch=4)
+    with pytest.raises(TypeError, match=r"policy_factory\(\) returned NoneType"):
+        Collector(CountingEnv(), policy_factory=lambda: None, frames_per_batch=4)
+    with pytest.raises(ValueError, match="InitTracker") as err:
+        Collector(
+            CountingEnv(),
+            policy_factory=lambda: policy,
+            frames_per_batch=4,
+            auto_register_policy_transforms=False,
+        )
+    assert isinstance(err.value, KeyError)
 
 
 # --- stopping, resetting, resuming, weights ------------------------------------------------
