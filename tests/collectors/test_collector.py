@@ -333,6 +333,30 @@ def test_policy_factory_builds_the_policy_once_and_is_wired_like_policy():
     assert torch.equal(collector.policy.state_dict()[key], state[key])
 
 
+def test_policy_factory_through_ray_collector_kwargs(ray_session):
+    """Each remote collector of a RayCollector builds its own policy from the factory."""
+    import copy
+    import functools
+
+    from recurrl.collectors import RayCollector
+
+    _, policy = make_policy(seed=3)
+    env_fn = functools.partial(CountingEnv, batch_size=(2,), max_steps=3)
+    collector = RayCollector(
+        [env_fn],
+        frames_per_batch=8,
+        total_frames=8,
+        collector_kwargs={"policy_factory": functools.partial(copy.deepcopy, policy)},
+    )
+    try:
+        (data,) = list(collector)
+    finally:
+        collector.shutdown()
+    local = next(iter(Collector(env_fn(), policy, frames_per_batch=8)))
+    assert torch.equal(data["action"], local["action"])
+    assert torch.equal(data["next", "rs_h"], local["next", "rs_h"])
+
+
 def test_policy_factory_errors():
     _, policy = make_policy()
     with pytest.raises(TypeError, match="mutually exclusive"):
