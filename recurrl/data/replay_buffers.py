@@ -86,12 +86,16 @@ class ReplayBuffer:
                 f"{type(self).__name__}.extend: expected a TensorDict with batch [T] or "
                 f"[N, T], received {got}; fix: use add() for a single step."
             )
+        self.storage.check_write(data)  # a 2-D storage fixes its rows here
         n, steps = data.batch_size.numel(), data.batch_size[-1]
         row_start = torch.zeros(n, dtype=torch.bool)
         if data.batch_dims > 1:  # written row by row, without building a flat TensorDict
             row_start[::steps] = True
         cap = self.storage.max_size
-        if n > cap:  # only the newest max_size steps survive; the first kept step is cut
+        if n > cap and self.storage.row_len is not None:  # 2-D: keep the newest whole rows
+            data = data.reshape(-1, steps)[(n - cap) // steps :]
+            row_start = row_start[n - cap :]
+        elif n > cap:  # only the newest max_size steps survive; the first kept step is cut
             data = data.reshape(n)[n - cap :]
             row_start = row_start[n - cap :].clone()
             row_start[0] = True

@@ -51,6 +51,7 @@ class RoundRobinWriter(Writer):
         self.cursor = 0
 
     def extend(self, storage: Storage, data: TensorDictBase) -> Tensor:
+        storage.check_write(data)  # a 2-D storage takes whole [T] rows
         n = data.batch_size.numel()  # [n], or [N, T] written row by row
         cap = storage.max_size
         start = self.cursor

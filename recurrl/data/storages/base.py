@@ -23,9 +23,19 @@ class Storage:
     (:class:`~recurrl.data.RoundRobinWriter`), which makes the storage a ring: once full,
     new steps overwrite the oldest ones.
 
+    **2-D layout** (``ndim=2``, as the reference's storages): the storage holds rows of
+    ``T`` steps, ``T`` taken from the first ``[N, T]`` batch written; ``max_size`` counts
+    steps (frames), so it holds ``max_size // T`` rows and its capacity becomes
+    ``max_size = (max_size // T) * T`` at the first write. Every write must be ``[N, T]``
+    with the same ``T`` (leading dims are flattened into rows); each env's ``T`` steps fill
+    one row and the oldest rows are overwritten first. Positions stay flat (row-major,
+    ``row * T + t``), so samplers and ``len`` count steps; :attr:`shape` is ``[rows, T]``
+    and ``storage.data.reshape(storage.shape)`` is the 2-D view.
+
     Args:
         max_size: capacity in steps (> 0).
         device: device of the stored tensors.
+        ndim: ``1`` (a ring of steps, default) or ``2`` (a ring of ``[T]`` rows, see above).
 
     Attributes:
         cursor: position after the last one written (where the next write starts).
@@ -42,13 +52,22 @@ class Storage:
         (3, 1, tensor([6, 5]))
     """
 
-    def __init__(self, max_size: int, *, device: torch.device | str = "cpu") -> None:
+    def __init__(self, max_size: int, *, device: torch.device | str = "cpu", ndim: int = 1) -> None:
         if not isinstance(max_size, int) or max_size <= 0:
             raise ValueError(
                 f"{type(self).__name__}: expected max_size to be a positive int, received "
                 f"{max_size!r}."
             )
+        if ndim not in (1, 2):
+            raise ValueError(
+                f"{type(self).__name__}: expected ndim 1 (steps) or 2 ([rows, T]), received "
+                f"ndim={ndim!r}; fix: flatten extra leading dims into rows (they are read "
+                "row-major) and use ndim=2."
+            )
         self.max_size = max_size
+        self.ndim = ndim
+        self.requested_size = max_size  # max_size before a 2-D layout rounds it to rows
+        self.row_len: int | None = None  # T of a 2-D storage, from the first write
         self.device = torch.device(device)
         self._set_data(None)
         self._len = 0
@@ -64,6 +83,44 @@ class Storage:
         )
 
     # -- contract ------------------------------------------------------------------------
+    def check_write(self, data: TensorDictBase) -> None:
+        """Validate a batch about to be written (before any trimming or flattening); a 2-D
+        storage fixes its row length ``T`` and capacity from the first batch."""
+        if self.ndim == 1:
+            return
+        name = type(self).__name__
+        if data.batch_dims < 2:
+            raise ValueError(
+                f"{name}(ndim=2): expected data with batch [N, T] (N envs, T steps, one row "
+                f"each), received batch_size {list(data.batch_size)}; fix: write collector "
+                "batches [N, T] (unsqueeze(0) a single env's [T]), or use ndim=1."
+            )
+        steps = data.batch_size[-1]
+        if self.row_len is None:
+            self._set_row_len(steps)
+        elif steps != self.row_len:
+            raise ValueError(
+                f"{name}(ndim=2): expected rows of T={self.row_len} steps (the first batch's), "
+                f"received batch_size {list(data.batch_size)}; fix: keep frames_per_batch / "
+                "num_envs fixed, or use ndim=1 for batches of varying length."
+            )
+
+    def _set_row_len(self, steps: int) -> None:
+        rows = self.requested_size // steps
+        if rows == 0:
+            raise ValueError(
+                f"{type(self).__name__}(ndim=2): max_size={self.requested_size} steps cannot "
+                f"hold one row of T={steps} steps; fix: max_size >= T (it counts steps)."
+            )
+        self.row_len, self.max_size = int(steps), int(rows * steps)
+
+    @property
+    def shape(self) -> torch.Size:
+        """``[max_size]``, or ``[rows, T]`` for a 2-D storage (once ``T`` is known)."""
+        if self.row_len is None:
+            return torch.Size([self.max_size])
+        return torch.Size([self.max_size // self.row_len, self.row_len])
+
     def __len__(self) -> int:
         return self._len
 
@@ -151,11 +208,15 @@ class Storage:
             "len": self._len,
             "cursor": self.cursor,
             "write_count": self.write_count,
+            "row_len": self.row_len,
             "data": None if self._data is None else self._data.to_tensordict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned (reallocates the storage)."""
+        if state.get("row_len") is not None:
+            self._check_ndim(state["row_len"])
+            self._set_row_len(int(state["row_len"]))
         self._check_size(state["data"])
         self._set_data(None)
         if state["data"] is not None:
@@ -170,10 +231,8 @@ class Storage:
         path.mkdir(parents=True, exist_ok=True)
         if self._data is not None:
             self._data.memmap(prefix=path / "data", copy_existing=True)
-        torch.save(
-            {"len": self._len, "cursor": self.cursor, "write_count": self.write_count},
-            path / "meta.pt",
-        )
+        meta = {"len": self._len, "cursor": self.cursor, "write_count": self.write_count}
+        torch.save({**meta, "row_len": self.row_len}, path / "meta.pt")
 
     def loads(self, path: str | Path) -> None:
         """Load what :meth:`dumps` saved under ``path``.
@@ -187,6 +246,13 @@ class Storage:
         meta = load_state_file(path / "meta.pt", owner)
         data = load_tensordict(path / "data", owner) if (path / "data").exists() else None
         self.load_state_dict({**meta, "data": data})
+
+    def _check_ndim(self, row_len: int) -> None:
+        if self.ndim != 2:
+            raise ValueError(
+                f"{type(self).__name__}: expected saved data of a 1-D storage, received a 2-D "
+                f"one (rows of T={row_len}); fix: load into a storage built with ndim=2."
+            )
 
     def _check_size(self, data: TensorDictBase | None) -> None:
         if data is not None and data.batch_size != torch.Size([self.max_size]):

@@ -33,6 +33,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         scratch_dir: directory for the files. Default: a fresh temporary directory
             (removed when the storage is garbage collected).
         device: must be ``"cpu"`` (memory maps live in host memory).
+        ndim: ``2`` stores ``[N, T]`` batches as rows (see :class:`~recurrl.data.Storage`).
 
     Examples:
         >>> import torch
@@ -53,13 +54,14 @@ class LazyMemmapStorage(LazyTensorStorage):
         *,
         scratch_dir: str | Path | None = None,
         device: torch.device | str = "cpu",
+        ndim: int = 1,
     ) -> None:
         if torch.device(device).type != "cpu":
             raise ValueError(
                 f"LazyMemmapStorage: expected device 'cpu', received {device!r}; fix: use "
                 "LazyTensorStorage for accelerator memory, or move samples after reading."
             )
-        super().__init__(max_size, device=device)
+        super().__init__(max_size, device=device, ndim=ndim)
         self._root = None if scratch_dir is None else Path(scratch_dir)  # the user's choice
         self._tmp: tempfile.TemporaryDirectory | None = None
         if scratch_dir is None:

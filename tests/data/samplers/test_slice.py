@@ -473,3 +473,54 @@ def test_harmless_reference_arguments_are_accepted():
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(30), sampler=sampler, batch_size=4)
     rb.extend(FakeCollector(None, 3, 5, 0).batch(20))
     check_sample(rb.sample(), 2, 2, strict=True, pad=False)
+
+
+# -- 2-D storages (ndim=2): slices never cross rows ---------------------------------------
+
+
+def row_segments(storage) -> list[tuple[int, int]]:
+    """Brute force segments of a 2-D storage: trajectory runs cut at every row start."""
+    t, cap = storage.row_len, storage.max_size
+    out = []
+    for start, length in reference_segments(storage):
+        run = [(start + k) % cap for k in range(length)]
+        cuts = [i for i, p in enumerate(run) if i and p % t == 0]
+        for a, b in zip([0, *cuts], [*cuts, length], strict=True):
+            out.append((run[a], b - a))
+    return out
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+@pytest.mark.parametrize("num_envs", [1, 3])
+@pytest.mark.parametrize(("drop_traj", "strict"), [(False, True), (True, False)])
+@pytest.mark.parametrize("storage_cls", ["tensor", "memmap"])
+def test_2d_storage_slices_stay_in_rows(name, num_envs, drop_traj, strict, storage_cls):
+    from recurrl.data import LazyMemmapStorage
+
+    cls = LazyTensorStorage if storage_cls == "tensor" else LazyMemmapStorage
+    for seed in range(3):
+        rng = random.Random(seed)
+        steps, slice_len = rng.randint(3, 8), rng.randint(1, 4)
+        storage = cls(rng.randint(steps, 60), ndim=2)
+        sampler = SAMPLERS[name](slice_len=slice_len, strict_length=strict)
+        rb = TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=4 * slice_len)
+        collector = FakeCollector(num_envs, 1, 3 * slice_len, seed)
+        for _ in range(6):
+            data = collector.batch(steps)
+            if num_envs == 1:
+                data = data.reshape(1, steps)
+            rb.extend(data.exclude(TRAJ) if drop_traj else data)
+            assert storage.shape == (storage.max_size // steps, steps)
+            expected = row_segments(storage)
+            assert _segments_of(sampler) == expected
+            rebuilt = SAMPLERS[name](slice_len=slice_len, strict_length=strict)
+            assert list(zip(*[x.tolist() for x in (
+                rebuilt._sync(storage).starts, rebuilt._segments.lengths)], strict=True)) \
+                == expected  # fmt: skip
+            if not any(length >= slice_len for _, length in expected) and strict:
+                continue
+            sample = rb.sample()
+            pieces = split_slices(sample)
+            for piece in pieces:
+                check_slice(piece, slice_len)
+                assert (piece["index"] // steps == piece["index"][0] // steps).all()

@@ -92,3 +92,57 @@ def test_no_silent_broadcast(make):
     bad["h"] = torch.zeros(2, 1, 4)
     with pytest.raises(ValueError, match="does not match the stored layout"):
         storage.set(slice(2, 4), bad)
+
+
+# -- 2-D layout (ndim=2): [N, T] batches stored as rows ---------------------------------
+
+
+def rows(n: int, t: int, offset: int = 0) -> TensorDict:
+    """``[n, t]`` steps whose ``x`` is a global step counter (row-major)."""
+    return steps(n * t, offset).reshape(n, t)
+
+
+def test_ndim2_rows_and_capacity_count_steps(make, tmp_path):
+    from recurrl.data import ReplayBuffer
+
+    storage = make(14, ndim=2)  # 14 steps of rows of T = 4: 3 rows, capacity 12
+    assert storage.shape == (14,) and storage.max_size == 14  # T unknown yet
+    rb = ReplayBuffer(storage=storage, batch_size=5)
+    rb.extend(rows(2, 4))
+    assert storage.shape == (3, 4) and storage.max_size == 12 and len(storage) == 8
+    rb.extend(rows(2, 4, offset=8))  # 4 rows: the oldest row is overwritten
+    assert len(storage) == 12
+    grid = storage.data.reshape(storage.shape)["x"].squeeze(-1)
+    assert grid.tolist() == [[12, 13, 14, 15], [4, 5, 6, 7], [8, 9, 10, 11]]
+    rb.extend(rows(5, 4, offset=100))  # larger than the storage: the newest 3 rows stay
+    grid = storage.data.reshape(storage.shape)["x"].squeeze(-1)
+    assert sorted(grid[:, 0].tolist()) == [108, 112, 116]
+    assert (grid - grid[:, :1] == torch.arange(4)).all()  # rows stay whole
+    state = storage.state_dict()
+    copy = make(14, ndim=2)
+    copy.load_state_dict(state)
+    assert copy.shape == (3, 4) and torch.equal(copy.data["x"], storage.data["x"])
+    storage.dumps(tmp_path / "s")
+    copy = make(14, ndim=2)
+    copy.loads(tmp_path / "s")
+    assert copy.shape == (3, 4) and torch.equal(copy.data["x"], storage.data["x"])
+    with pytest.raises(ValueError, match="ndim=2"):
+        make(12).load_state_dict(state)
+
+
+def test_ndim2_errors_name_the_fix(make):
+    from recurrl.data import ReplayBuffer
+
+    with pytest.raises(ValueError, match="expected ndim 1"):
+        make(12, ndim=3)
+    rb = ReplayBuffer(storage=make(12, ndim=2))
+    with pytest.raises(ValueError, match=r"batch \[N, T\]"):
+        rb.extend(steps(4))
+    with pytest.raises(ValueError, match=r"batch \[N, T\]"):
+        rb.add(steps(1)[0])
+    with pytest.raises(ValueError, match="max_size >= T"):
+        rb.extend(rows(1, 13))
+    rb.extend(rows(1, 4))
+    with pytest.raises(ValueError, match="T=4"):
+        rb.extend(rows(1, 3))
+    assert len(rb) == 4
