@@ -1,9 +1,12 @@
 """Environments on TensorDicts: specs, EnvBase, step_mdp, GymEnv(s), transforms, checks."""
 
+from recurrl.envs.batched import SerialEnv
 from recurrl.envs.checks import check_env_specs
 from recurrl.envs.common import EnvBase
+from recurrl.envs.env_creator import EnvCreator
 from recurrl.envs.gym import GymEnv
 from recurrl.envs.gym_vector import GymVecEnv
+from recurrl.envs.parallel import ParallelEnv
 from recurrl.envs.specs import (
     Binary,
     Bounded,
@@ -37,6 +40,7 @@ __all__ = [
     "Compose",
     "Composite",
     "EnvBase",
+    "EnvCreator",
     "GymEnv",
     "GymVecEnv",
     "InitTracker",
@@ -44,9 +48,11 @@ __all__ = [
     "MultiCategorical",
     "OneHot",
     "OneHotObservation",
+    "ParallelEnv",
     "PreviousAction",
     "PreviousReward",
     "RewardSum",
+    "SerialEnv",
     "StepCounter",
     "TensorDictPrimer",
     "TensorSpec",
