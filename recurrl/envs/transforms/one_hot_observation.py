@@ -60,9 +60,10 @@ class OneHotObservation(Transform):
 
     def _apply(self, tensordict: TensorDictBase) -> TensorDictBase:
         if self.size == 0:
-            raise RuntimeError(
-                "OneHotObservation: the sizes are unknown; attach the transform to an env "
-                "(TransformedEnv) so that it reads the observation spec."
+            self._require_parent("encoding (the sizes come from the observation spec)")
+            raise ValueError(
+                "OneHotObservation: the sizes are unknown: the observation spec of the env "
+                "was not read yet. Fix: read env.observation_spec (or env.reset()) first."
             )
         tensordict.set(self.out_key, self._encode(tensordict.get(self.in_key)))
         return tensordict

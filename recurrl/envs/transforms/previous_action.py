@@ -51,6 +51,7 @@ class PreviousAction(Transform):
         self.action_key, self.out_key, self.one_hot = action_key, out_key, bool(one_hot)
 
     def _action_spec(self) -> TensorSpec:
+        self._require_parent("reading the action spec")
         spec = base_spec(self, "action", self.action_key)
         if spec is None:
             raise KeyError(

@@ -52,10 +52,8 @@ class PreviousReward(Transform):
     def _reset(
         self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
     ) -> TensorDictBase:
-        spec = self.parent.observation_spec[self.out_key] if self.parent else None
-        if spec is None:
-            raise RuntimeError("PreviousReward runs inside an env: use TransformedEnv.")
-        fresh = spec.zero()
+        parent = self._require_parent("resetting (it reads the reward spec)")
+        fresh = parent.observation_spec[self.out_key].zero()
         tensordict_reset.set(self.out_key, reset_entry(tensordict, self.out_key, fresh))
         return tensordict_reset
 

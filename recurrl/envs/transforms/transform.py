@@ -63,6 +63,22 @@ class Transform(nn.Module):
         """The env this transform is attached to (``None`` when detached)."""
         return self.__dict__.get("_parent")
 
+    def _require_parent(self, need: str) -> EnvBase:
+        """The parent env, or ``ValueError`` saying that ``need`` requires one.
+
+        Every use of a transform that needs its env (its specs, its device) goes through
+        here, so a detached transform always fails the same way, with a ``ValueError``.
+        """
+        parent = self.parent
+        if parent is None:
+            raise ValueError(
+                f"{type(self).__name__}: {need} needs the env the transform is attached to, "
+                f"but it has no parent env. Fix: attach it first, with "
+                f"TransformedEnv(env, transform) or env.append_transform(transform), and "
+                f"use the env (env.reset() / env.step())."
+            )
+        return parent
+
     def _set_parent(self, env: EnvBase | None) -> None:
         current = self.parent
         if env is not None and current is not None and current is not env:
@@ -126,8 +142,12 @@ class Transform(nn.Module):
         return action_spec
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(
-            f"{type(self).__name__} runs inside an env: use TransformedEnv(env, transform)."
+        """Not supported: a transform runs inside its env (``ValueError``)."""
+        where = "its env" if self.parent is not None else "an env (it has no parent env)"
+        raise ValueError(
+            f"{type(self).__name__} is not called on a TensorDict: it runs inside {where}. "
+            f"Fix: env = TransformedEnv(env, transform) (or env.append_transform(transform)), "
+            f"then env.reset() / env.step()."
         )
 
     def extra_repr(self) -> str:

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 from recurrl.envs import Bounded, Categorical, GymEnv, PreviousAction, TransformedEnv
 from recurrl.testing import CountingEnv
@@ -60,3 +61,14 @@ def test_errors():
     with pytest.raises(ValueError, match="already declares 'prev_action'"):
         env.append_transform(PreviousAction())
     assert "one_hot=False" in repr(PreviousAction())
+
+
+def test_detached_use_is_a_value_error():
+    t = PreviousAction(one_hot=True)
+    td = TensorDict({"action": torch.tensor(1), "_reset": torch.tensor([True])}, [])
+    with pytest.raises(ValueError, match=r"PreviousAction: reading the action spec.*no parent"):
+        t._reset(td, td.empty())
+    with pytest.raises(ValueError, match="no parent env"):
+        t._step(td, td.empty())  # one-hot encoding needs the action spec's n
+    env = TransformedEnv(CountingEnv(), t)
+    assert env.reset()["prev_action"].shape == (2,)

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 from recurrl.envs import GymEnv, PreviousReward, TransformedEnv, Unbounded
 from recurrl.testing import RecallEnv
@@ -40,3 +41,9 @@ def test_errors():
     with pytest.raises(ValueError, match="already declares 'prev_reward'"):
         env.append_transform(PreviousReward())
     assert "reward_key='reward'" in repr(PreviousReward())
+
+
+def test_detached_reset_is_a_value_error():
+    td = TensorDict({}, [])
+    with pytest.raises(ValueError, match=r"PreviousReward: resetting.*no parent env"):
+        PreviousReward()._reset(td, td.empty())

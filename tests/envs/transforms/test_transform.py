@@ -13,6 +13,7 @@ from recurrl.envs import (
     GymEnv,
     InitTracker,
     MaskObservation,
+    OneHotObservation,
     PreviousAction,
     PreviousReward,
     RewardSum,
@@ -102,8 +103,19 @@ class TestTransform:
         TransformedEnv(CountingEnv(), clone)
 
     def test_forward_raises(self):
-        with pytest.raises(NotImplementedError, match="TransformedEnv"):
+        with pytest.raises(ValueError, match=r"no parent env.*TransformedEnv"):
             Scale()(TensorDict({}, batch_size=[]))
+        attached = Scale()
+        TransformedEnv(CountingEnv(), attached)
+        with pytest.raises(ValueError, match=r"runs inside its env.*env.step"):
+            attached(TensorDict({}, batch_size=[]))
+
+    def test_require_parent(self):
+        t = Scale()
+        with pytest.raises(ValueError, match=r"Scale: reading x needs the env.*no parent env"):
+            t._require_parent("reading x")
+        env = TransformedEnv(CountingEnv(), t)
+        assert t._require_parent("reading x") is env
 
     def test_not_a_transform(self):
         with pytest.raises(TypeError, match="expected a recurrl Transform"):
@@ -382,3 +394,36 @@ class TestTransformContract:
         env2 = TransformedEnv(CountingEnv(batch_size=(2,)), transform.clone())
         assert env2.reset().batch_size == (2,)
         assert transform.parent is env
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        InitTracker,
+        lambda: TensorDictPrimer(rs=Unbounded((1, 4))),
+        lambda: StepCounter(3),
+        RewardSum,
+        PreviousAction,
+        PreviousReward,
+        lambda: MaskObservation([0]),
+        OneHotObservation,
+        lambda: Compose(InitTracker()),
+    ],
+)
+def test_every_transform_used_without_a_parent_env_raises_value_error(make):
+    """What needs the env (specs, sizes) or an env to run in: ValueError when detached
+    (code written for the reference catches ValueError); what does not need it works."""
+    t = make()
+    td = TensorDict({"observation": torch.zeros(3), "reward": torch.zeros(1)}, [])
+    with pytest.raises(ValueError, match="no parent env"):
+        t(td)
+    for hook in (
+        lambda: t._reset(td.clone(), td.clone()),
+        lambda: t.transform_observation_spec(Composite(observation=Unbounded((3,)))),
+    ):
+        try:
+            hook()
+        except ValueError as err:
+            assert "no parent env" in str(err) or "cannot" in str(err)
+        except TypeError as err:  # OneHotObservation of an Unbounded spec: not a parent error
+            assert "cannot one-hot encode" in str(err)
