@@ -82,6 +82,13 @@ class GRUModule(RecurrentModule):
         ...     out = gru(seq)
         >>> out["features"].shape
         torch.Size([4, 10, 8])
+
+        Tensors as keywords (the ``in_keys``) return the ``out_keys`` as a tuple; a state
+        may be left out where every row starts an episode:
+
+        >>> y, h = gru(obs=torch.randn(4, 3), is_init=torch.ones(4, 1, dtype=torch.bool))
+        >>> y.shape, h.shape
+        (torch.Size([4, 8]), torch.Size([4, 1, 8]))
     """
 
     _mode = "gru"

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torch import Tensor, nn
@@ -399,8 +399,18 @@ class RecurrentModule(TensorDictModuleBase):
         return self
 
     # ------------------------------------------------------------------ forward
-    def forward(self, tensordict: TensorDictBase, **kwargs: Any) -> TensorDictBase:
+    def forward(
+        self, tensordict: TensorDictBase | Tensor | None = None, *args: Tensor, **kwargs: Any
+    ) -> TensorDictBase | Tensor | tuple[Tensor, ...]:
         """Read the input, state and ``is_init``; write the output and ``("next", state)``.
+
+        Called with a TensorDict, writes into it and returns it. Called with tensors, as
+        ``tensordict.nn`` modules allow (``module(obs=x, is_init=m, recurrent_state_h=h,
+        recurrent_state_c=c)``: keywords named after the ``in_keys``, a nested key's parts
+        joined with ``"_"``; or positionally, in ``in_keys`` order), builds a TensorDict whose
+        batch dims are the input's leading dims, runs, and returns the ``out_keys`` entries:
+        one tensor if there is one key, else a tuple in ``out_keys`` order. Missing state
+        keywords follow the missing-state rule below; an unknown keyword raises ``TypeError``.
 
         Shapes: sequential mode ``x [*B, F]``, states ``[*B, num_layers, S]``, ``is_init
         [*B, 1]``; recurrent mode the same with a time dim ``T`` last among the batch dims.
@@ -409,10 +419,64 @@ class RecurrentModule(TensorDictModuleBase):
         input or the module); ``is_init`` is bool, or 0/1 integers, which are cast (other
         values raise ``ValueError``, a floating ``is_init`` raises ``TypeError``); stored
         states of another floating dtype are cast to the input's.
+
+        A missing state key is read as zeros when every row starts an episode there
+        (sequential: ``is_init`` True; recurrent: ``is_init`` True at the row's first step),
+        and raises ``KeyError`` otherwise.
         """
+        if tensordict is None or isinstance(tensordict, Tensor):
+            return self._forward_tensors(tensordict, args, kwargs)
         if self.recurrent_mode:
             return self._forward_sequence(tensordict)
         return self._forward_step(tensordict)
+
+    def _forward_tensors(
+        self, first: Tensor | None, args: tuple[Tensor, ...], kwargs: dict[str, Any]
+    ) -> Tensor | tuple[Tensor, ...]:
+        """``forward`` called with tensors: TensorDict in, the ``out_keys`` tensors out."""
+        name = type(self).__name__
+        positional = ([] if first is None else [first]) + list(args)
+        names = ["_".join(_as_key(key)) for key in self.in_keys]
+        if len(positional) > len(names):
+            raise TypeError(
+                f"{name}: at most {len(names)} positional tensors ({names}), got {len(positional)}."
+            )
+        values: dict[NestedKey, Tensor] = {}
+        for key, kw in zip(self.in_keys, names, strict=True):
+            if positional:
+                if kw in kwargs:
+                    raise RuntimeError(f"{name}: {kw!r} given both positionally and by keyword.")
+                values[key] = positional.pop(0)
+            elif kw in kwargs:
+                values[key] = kwargs.pop(kw)
+        if kwargs:
+            raise TypeError(
+                f"{name}: unexpected keyword argument(s) {sorted(kwargs)}. Called with tensors, "
+                f"the module takes its in_keys as keywords: {names} (a nested key's parts "
+                f"joined with '_'), or a TensorDict."
+            )
+        x = values.get(self.in_keys[0])
+        if not isinstance(x, Tensor):
+            raise TypeError(
+                f"{name}: called without a TensorDict, the input {names[0]}=<tensor> is "
+                f"required (got {type(x).__name__}); the module's keywords are {names}."
+            )
+        batch = x.shape[:-1]
+        for key, kw in zip(self.in_keys, names, strict=True):
+            value = values.get(key)
+            if value is not None and (
+                not isinstance(value, Tensor) or value.shape[: len(batch)] != batch
+            ):
+                shape = list(value.shape) if isinstance(value, Tensor) else type(value).__name__
+                raise ValueError(
+                    f"{name}: {kw}= must be a tensor whose leading dims are the input's batch "
+                    f"dims {list(batch)} (the input {names[0]} is {list(x.shape)} = [*B, "
+                    f"features]), got {shape}."
+                )
+        td = TensorDict(values, batch_size=batch, device=x.device)
+        out = self.forward(td)
+        results = tuple(out.get(key) for key in self.out_keys)
+        return results[0] if len(results) == 1 else results
 
     def _current_config(self) -> RNNConfig:
         # Sizes cannot change without new weights, but dropout is a plain attribute of the
@@ -618,8 +682,8 @@ class RecurrentModule(TensorDictModuleBase):
             python_based=self.python_based,
         )
         flat = len(batch) == 1
-        td.set(self.out_keys[0], y if flat else y.reshape(*batch, y.shape[-1]))
-        for key, s in zip(self.out_keys[1:], new_states, strict=True):
+        td.set(self.out_keys_source[0], y if flat else y.reshape(*batch, y.shape[-1]))
+        for key, s in zip(self.out_keys_source[1:], new_states, strict=True):
             td.set(key, s if flat else s.reshape(*batch, *s.shape[-2:]))
         return td
 
@@ -651,8 +715,8 @@ class RecurrentModule(TensorDictModuleBase):
             compute_dtype=self.recurrent_compute_dtype,
             matmul_precision=self.recurrent_matmul_precision,
         )
-        td.set(self.out_keys[0], y.reshape(*batch, y.shape[-1]))
-        for key, s in zip(self.out_keys[1:], new_states, strict=True):
+        td.set(self.out_keys_source[0], y.reshape(*batch, y.shape[-1]))
+        for key, s in zip(self.out_keys_source[1:], new_states, strict=True):
             td.set(key, s.reshape(*batch, *s.shape[-2:]))
         return td
 

@@ -20,6 +20,7 @@ from recurrl.modules import set_recurrent_mode
 from ._reference import (
     F_IN,
     KINDS,
+    MODULES,
     close,
     make_module,
     outputs_of,
@@ -177,3 +178,89 @@ def test_nan_episode_does_not_reach_the_next_one(kind, backend, python_based):
         if t >= restart:
             assert torch.isfinite(td["y"][:4]).all()
             close(td["y"][:4], want["y"][:4, t])
+
+
+# ----------------------------------------------------------------------------------------
+# tensors as keywords (tensordict.nn's calling convention)
+# ----------------------------------------------------------------------------------------
+def _by_keyword(module, td: TensorDict) -> dict[str, torch.Tensor]:
+    return {"_".join(k if isinstance(k, tuple) else (k,)): td[k] for k in module.in_keys}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("mode", MODES)
+def test_keyword_tensors_return_the_out_keys_as_a_tuple(kind, mode):
+    module = make_module(kind)
+    td = _data(module, mode)
+    expected = outputs_of(module, _run(module, td.clone(), mode))
+    with set_recurrent_mode(mode == "recurrent"):
+        got = module(**_by_keyword(module, td))
+        positional = module(*_by_keyword(module, td).values())
+    assert isinstance(got, tuple) and len(got) == len(module.out_keys) == len(expected)
+    for a, p, e in zip(got, positional, expected, strict=True):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
+        torch.testing.assert_close(p, e, rtol=0, atol=0)
+    # the module's own keys: e.g. in_keys ["obs", "rs_h", "rs_c"] -> obs=, rs_h=, rs_c=
+    states = ["rs_h", "rs_c"] if kind == "lstm" else ["rs"]
+    named = MODULES[kind](F_IN, module.config.hidden_size, in_keys=["obs", *states],
+                          out_keys=["feat", *(("next", s) for s in states)])  # fmt: skip
+    named.load_state_dict(module.state_dict())
+    kwargs = {"obs": td["x"], "is_init": td["is_init"]}
+    kwargs.update({s: td[k] for s, k in zip(states, module.state_keys, strict=True)})
+    with set_recurrent_mode(mode == "recurrent"):
+        again = named(**kwargs)
+    for a, e in zip(again, expected, strict=True):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("mode", MODES)
+def test_keyword_call_without_state_at_episode_starts(kind, mode):
+    # a first call: no state, every row starting an episode (recurrent: at its first step)
+    module = make_module(kind)
+    td = _data(module, mode)
+    if mode == "sequential":
+        td["is_init"][:] = True
+    else:  # later steps keep their mix of restarts and continuing steps
+        td["is_init"][:, 0] = True
+        assert not td["is_init"].all()
+    zero = td.clone()
+    for key in module.state_keys:
+        zero[key] = torch.zeros_like(zero[key])
+    expected = outputs_of(module, _run(module, zero, mode))
+    with set_recurrent_mode(mode == "recurrent"):
+        got = module(x=td["x"], is_init=td["is_init"])
+        for a, e in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, e, rtol=0, atol=0)
+        # a continuing row without its state still raises
+        td["is_init"][1] = False
+        with pytest.raises(KeyError, match="1 of 3 rows continue"):
+            module(x=td["x"], is_init=td["is_init"])
+
+
+def test_keyword_call_with_one_out_key_returns_a_tensor():
+    module = make_module("gru")
+    module.select_out_keys("y")
+    x, is_init = torch.randn(2, F_IN), torch.ones(2, 1, dtype=torch.bool)
+    y = module(x=x, is_init=is_init)
+    assert isinstance(y, torch.Tensor) and y.shape == (2, module.config.hidden_size)
+    # selected out_keys with a TensorDict: everything is computed, only "y" is kept
+    td = module(TensorDict({"x": x, "is_init": is_init}, [2]))
+    assert set(td.keys(True, True)) == {"x", "is_init", "y"}
+    torch.testing.assert_close(td["y"], y, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_keyword_call_errors(kind):
+    module = make_module(kind)
+    x, is_init = torch.randn(2, F_IN), torch.ones(2, 1, dtype=torch.bool)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['hidden'\]"):
+        module(x=x, is_init=is_init, hidden=torch.zeros(2, 1, 4))
+    with pytest.raises(TypeError, match="the input x=<tensor> is required"):
+        module(is_init=is_init)
+    with pytest.raises(ValueError, match=r"is_init= must be a tensor whose leading dims"):
+        module(x=x, is_init=torch.ones(3, 1, dtype=torch.bool))
+    with pytest.raises(RuntimeError, match="both positionally and by keyword"):
+        module(x, x=x, is_init=is_init)
+    with pytest.raises(KeyError, match="InitTracker"):  # is_init itself is still required
+        module(x=x)
