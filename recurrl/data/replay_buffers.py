@@ -29,7 +29,15 @@ class ReplayBuffer:
     1's, ... so trajectories of different envs never interleave. ``sample()`` asks the
     sampler for positions, reads them, writes the sampler's marks into the batch (e.g.
     ``"is_init"`` at slice starts; padded steps are zeroed first), then applies
-    ``collate_fn`` and ``transform``.
+    ``collate_fn`` and the transforms, in order.
+
+    **Transforms** run on every sampled TensorDict (never on ``extend``): ``transform=``,
+    then whatever :meth:`append_transform` / :meth:`insert_transform` added. A transform is
+    any callable ``TensorDict -> TensorDict``: a function, an ``nn.Module`` such as a
+    ``TensorDictModule``, or an env transform that defines ``forward(tensordict)``. Env
+    transforms that only have env hooks (``InitTracker``, ``TensorDictPrimer``, ...) need a
+    parent env and are refused when added, with the fix (put them on the env; slice
+    samplers already mark ``is_init`` at slice starts).
 
     Args:
         storage: where steps live (e.g. :class:`~recurrl.data.LazyTensorStorage`).
@@ -38,7 +46,7 @@ class ReplayBuffer:
         batch_size: default batch size of :meth:`sample`.
         collate_fn: callable applied to each sampled TensorDict (default: none).
         transform: callable applied to each sampled TensorDict after ``collate_fn``
-            (not applied on ``extend``).
+            (not applied on ``extend``); more with :meth:`append_transform`.
 
     Examples:
         >>> import torch
@@ -72,7 +80,101 @@ class ReplayBuffer:
         if batch_size is not None and isinstance(self.sampler, SliceSampler):
             self.sampler.slice_shape(batch_size)  # validate now, not at the first sample
         self.batch_size = batch_size
-        self.collate_fn, self.transform = collate_fn, transform
+        self.collate_fn = collate_fn
+        self._transforms: list[Callable[[TensorDictBase], TensorDictBase]] = []
+        if transform is not None:
+            self.append_transform(transform)
+
+    # -- transforms ----------------------------------------------------------------------
+    @property
+    def transform(self) -> Callable[[TensorDictBase], TensorDictBase] | None:
+        """The transforms as one callable (``None`` when there is none)."""
+        return self._apply_transforms if self._transforms else None
+
+    @property
+    def transforms(self) -> tuple[Callable[[TensorDictBase], TensorDictBase], ...]:
+        """The transforms applied to samples, in order."""
+        return tuple(self._transforms)
+
+    def append_transform(self, transform: Callable[[TensorDictBase], TensorDictBase], *,
+                         invert: bool = False) -> ReplayBuffer:  # fmt: skip
+        """Apply ``transform`` to every sample, after the transforms already added.
+
+        Args:
+            transform: a callable ``TensorDict -> TensorDict`` (see the class docstring).
+            invert: transforms on write are not supported (only ``False``).
+
+        Returns:
+            the buffer itself, so calls chain.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from recurrl.data import LazyTensorStorage
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(4), batch_size=2)
+            >>> _ = rb.extend(TensorDict({"x": torch.zeros(4)}, [4]))
+            >>> rb.append_transform(lambda td: td.set("y", td["x"] + 1)).sample()["y"]
+            tensor([1., 1.])
+        """
+        self._transforms.append(self._check_transform(transform, invert))
+        return self
+
+    def insert_transform(self, index: int,
+                         transform: Callable[[TensorDictBase], TensorDictBase], *,
+                         invert: bool = False) -> ReplayBuffer:  # fmt: skip
+        """Apply ``transform`` at position ``index`` of the transforms (``list.insert``
+        semantics); returns the buffer itself."""
+        self._transforms.insert(index, self._check_transform(transform, invert))
+        return self
+
+    def _check_transform(self, transform, invert: bool):
+        owner = f"{type(self).__name__}.append_transform"
+        if invert:
+            raise ValueError(
+                f"{owner}: invert=True (transforming data on extend) is not supported; fix: "
+                "transform the data before extend(), and pass invert=False."
+            )
+        if not callable(transform):
+            raise TypeError(
+                f"{owner}: expected a callable TensorDict -> TensorDict, received "
+                f"{type(transform).__name__}; fix: pass a function, an nn.Module or a "
+                "transform with forward(tensordict)."
+            )
+        base = _env_transform_base(transform)
+        if base is not None and type(transform).forward is base.forward:
+            name = type(transform).__name__
+            raise ValueError(
+                f"{owner}: {name} is an env transform: its hooks run inside an env and read "
+                f"the env's reset/step data and specs, so it needs a parent env, and it has "
+                f"no forward(tensordict) to run on sampled data alone. Fix: put it on the env "
+                f"(TransformedEnv(env, {name}(...))) so the collected data already carries "
+                "its keys, or pass a callable TensorDict -> TensorDict (slice samplers "
+                "already mark is_init at slice starts)."
+            )
+        return transform
+
+    def _apply_transforms(self, data: TensorDictBase) -> TensorDictBase:
+        for transform in self._transforms:
+            try:
+                out = transform(data)
+            except AttributeError as err:
+                if _env_transform_base(transform) is None or transform.parent is not None:
+                    raise
+                raise RuntimeError(
+                    f"{type(self).__name__}.sample: transform {type(transform).__name__} "
+                    f"failed ({err}); it is an env transform without a parent env, and its "
+                    "forward(tensordict) reads the env. Fix: use it on the env "
+                    "(TransformedEnv), or a transform that needs only the TensorDict."
+                ) from err
+            if not isinstance(out, TensorDictBase):
+                raise TypeError(
+                    f"{type(self).__name__}.sample: expected transform "
+                    f"{getattr(transform, '__name__', type(transform).__name__)} to return a "
+                    f"TensorDict, received {type(out).__name__}; fix: return the (edited) "
+                    "TensorDict."
+                )
+            data = out
+        return data
 
     def __len__(self) -> int:
         return len(self.storage)
@@ -130,8 +232,8 @@ class ReplayBuffer:
         data = self._finish(data, index)
         if self.collate_fn is not None:
             data = self.collate_fn(data)
-        if self.transform is not None:
-            data = self.transform(data)
+        if self._transforms:
+            data = self._apply_transforms(data)
         return (data, {**info, "index": index}) if return_info else data
 
     def _finish(self, data: TensorDictBase, index: Tensor) -> TensorDictBase:
@@ -184,6 +286,20 @@ class ReplayBuffer:
         self.storage.loads(path / "storage")
         self.writer.load_state_dict(state["writer"])
         self.sampler.load_state_dict(state["sampler"])
+
+
+def _env_transform_base(obj) -> type | None:
+    """The env-transform base class of ``obj`` (the first class of its MRO defining the
+    env hooks), or ``None`` for other callables. Duck-typed: ``data`` never imports
+    ``envs`` (the layer above it)."""
+    if not all(hasattr(obj, a) for a in ("_step", "_reset", "transform_observation_spec")):
+        return None
+    if not hasattr(obj, "parent"):
+        return None
+    for cls in reversed(type(obj).__mro__):
+        if "transform_observation_spec" in vars(cls) and "forward" in vars(cls):
+            return cls
+    return None
 
 
 class TensorDictReplayBuffer(ReplayBuffer):

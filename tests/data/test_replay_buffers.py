@@ -152,3 +152,76 @@ def test_errors():
         rb.sample()
     with pytest.raises(FileNotFoundError, match="written by dumps"):
         rb.loads("/nonexistent/path")
+
+
+# -- transforms on sampled data ---------------------------------------------------------
+
+
+def _buffer(**kwargs) -> ReplayBuffer:
+    rb = ReplayBuffer(storage=LazyTensorStorage(4), batch_size=2, **kwargs)
+    rb.extend(TensorDict({"x": torch.zeros(4)}, [4]))
+    return rb
+
+
+def test_append_and_insert_transform_run_in_order_and_chain():
+    from tensordict.nn import TensorDictModule
+
+    calls = []
+
+    def tag(name):
+        def fn(td):
+            calls.append(name)
+            return td
+
+        return fn
+
+    add_one = TensorDictModule(lambda x: x + 1, in_keys=["x"], out_keys=["x"])
+    rb = _buffer(transform=tag("first"))
+    assert rb.append_transform(add_one) is rb
+    assert rb.insert_transform(1, tag("second")).append_transform(tag("last")) is rb
+    sample = rb.sample()
+    assert calls == ["first", "second", "last"] and sample["x"].tolist() == [1.0, 1.0]
+    assert len(rb.transforms) == 4 and rb.transform is not None
+    assert _buffer().transform is None
+
+
+def test_env_transforms_with_a_forward_run_on_samples():
+    from recurrl.envs.transforms import Transform
+
+    class Double(Transform):
+        def forward(self, tensordict):
+            return tensordict.set("x2", tensordict["x"] * 2 + 1)
+
+    rb = _buffer()
+    rb.append_transform(Double(in_keys=["x"], out_keys=["x2"]))
+    assert rb.sample()["x2"].tolist() == [1.0, 1.0]
+
+
+def test_env_transforms_that_need_a_parent_env_are_refused():
+    from recurrl.envs.specs import Unbounded
+    from recurrl.envs.transforms import Compose, InitTracker, TensorDictPrimer, Transform
+
+    primer = TensorDictPrimer(rs_h=Unbounded((1, 4)))
+    for transform in (InitTracker(), Compose(InitTracker()), primer):
+        with pytest.raises(ValueError, match="needs a parent env"):
+            _buffer().append_transform(transform)
+    with pytest.raises(ValueError, match="InitTracker is an env transform"):
+        _buffer(transform=InitTracker())
+
+    class ReadsEnv(Transform):
+        def forward(self, tensordict):
+            return tensordict.set("y", self.parent.observation_spec.zero())
+
+    rb = _buffer(transform=ReadsEnv())
+    with pytest.raises(RuntimeError, match="without a parent env"):
+        rb.sample()
+
+
+def test_transform_errors():
+    with pytest.raises(TypeError, match="expected a callable"):
+        _buffer().append_transform(3)
+    with pytest.raises(ValueError, match="invert=True"):
+        _buffer().append_transform(lambda td: td, invert=True)
+    rb = _buffer(transform=lambda td: None)
+    with pytest.raises(TypeError, match="to return a TensorDict"):
+        rb.sample()
