@@ -76,7 +76,7 @@ def check_recurrent_options(
         raise ValueError(
             "recurrent_recompute='full' is not available with recurrent_backend='pad': the "
             "fused torch kernels manage their own backward memory. Use "
-            "recurrent_backend='scan' (or 'auto') with recompute, or recurrent_recompute='none'."
+            "recurrent_backend='scan' with recompute, or recurrent_recompute='none'."
         )
     if backend == "triton":
         if python_based:
@@ -171,6 +171,12 @@ def recurrent_unroll(
     """
     name = resolve_backend(backend, x, python_based=python_based, mode=cfg.mode)
     if name == "pad":
+        if recompute != "none":
+            raise ValueError(
+                f"recurrent_unroll(backend={backend!r}, recompute={recompute!r}): the backend "
+                f"runs as 'pad' here, whose fused kernels cannot recompute. Use "
+                f"backend='scan' with recompute, or recompute='none'."
+            )
         if python_based and runner is None:
             raise ValueError(
                 "recurrent_unroll(backend='pad', python_based=True) needs runner= (a call of "

@@ -242,6 +242,22 @@ def test_unknown_backend_in_recurrent_unroll_is_named():
         )
 
 
+def test_recompute_is_refused_where_auto_runs_pad():
+    """``auto`` picks ``pad`` for a CPU LSTM, which cannot recompute: said, not ignored."""
+    problem = make_problem("lstm")
+    assert resolve_backend("auto", problem.x, python_based=False, mode="lstm") == "pad"
+    with pytest.raises(ValueError, match="runs as 'pad' here"):
+        recurrent_unroll(
+            problem.cfg,
+            problem.weights,
+            problem.x,
+            problem.states,
+            problem.is_init,
+            backend="auto",
+            recompute="full",
+        )
+
+
 def test_python_based_pad_needs_a_python_runner():
     """``python_based`` promises no fused torch RNN kernel: ``pad`` must be given a runner."""
     problem = make_problem("lstm")
