@@ -113,8 +113,9 @@ def _worker(
             elif command == "state_dict":
                 answer = pickle.dumps(env.state_dict())
             elif command == "load_state_dict":
-                answer = env.load_state_dict(pickle.loads(arg))  # from our own parent
-                answer = None
+                blob, strict = arg  # from our own parent
+                result = env.load_state_dict(pickle.loads(blob), strict=strict)
+                answer = (list(result.missing_keys), list(result.unexpected_keys))
             elif command == "close":
                 env.close()
                 conn.send((True, None))
@@ -230,6 +231,14 @@ class ParallelEnv(_BatchedEnv):
             raise ValueError(
                 f"ParallelEnv: expected step_timeout a number of seconds > 0 (or None to wait "
                 f"forever), received {step_timeout!r}."
+            )
+        if (
+            isinstance(num_sub_threads, bool)
+            or not isinstance(num_sub_threads, int)
+            or num_sub_threads < 1
+        ):
+            raise ValueError(
+                f"ParallelEnv: expected num_sub_threads an int >= 1, received {num_sub_threads!r}."
             )
         creators = _creators(fns, kwargs)
         meta = check_metadata("ParallelEnv", [c.meta_data for c, _ in creators])
@@ -432,7 +441,11 @@ class ParallelEnv(_BatchedEnv):
         for i in range(self.num_workers):
             head = f"{prefix}envs.{i}."
             sub = {k[len(head) :]: v for k, v in state_dict.items() if k.startswith(head)}
-            self._call([i], ("load_state_dict", pickle.dumps(sub)), "running 'load_state_dict'")
+            message = ("load_state_dict", (pickle.dumps(sub), False))
+            # Not strict there: the worker reports mismatches, nn.Module raises here.
+            (missing, unexpected) = self._call([i], message, "running 'load_state_dict'")[0]
+            missing_keys.extend(head + k for k in missing)
+            unexpected_keys.extend(head + k for k in unexpected)
         if strict:
             known = f"{prefix}envs."
             unexpected_keys.extend(
@@ -445,18 +458,20 @@ class ParallelEnv(_BatchedEnv):
 
     def _stop_workers(self, ask: bool) -> None:
         """Ask the workers to close their envs (``ask``), then SIGTERM, then SIGKILL."""
-        processes = [p for p in self._processes if p.pid is not None]
+        # From __dict__: __del__ may run on an env whose construction failed half-way.
+        processes = [p for p in self.__dict__.get("_processes", []) if p.pid is not None]
+        conns = self.__dict__.get("_conns", [])
         if ask and processes:
-            for conn in self._conns:
+            for conn in conns:
                 with contextlib.suppress(OSError):  # a dead worker
                     conn.send(("close", None))
-            _drain_until_exit(self._conns, processes, CLOSE_TIMEOUT)
+            _drain_until_exit(conns, processes, CLOSE_TIMEOUT)
         for stop in ("terminate", "kill"):  # SIGTERM, then SIGKILL
             alive = [p for p in processes if p.is_alive()]
             for process in alive:
                 getattr(process, stop)()
             _join_all(alive, KILL_TIMEOUT)
-        for conn in self._conns:
+        for conn in conns:
             conn.close()
         _LIVE.discard(self)
 

@@ -205,8 +205,11 @@ def test_state_dict_holds_each_sub_env_under_its_index(batched):
     state["envs.1.transform.transforms.0.steps"] = torch.tensor(7)
     fresh.load_state_dict(state)
     assert fresh.state_dict()["envs.1.transform.transforms.0.steps"].item() == 7
-    with pytest.raises(RuntimeError, match="Unexpected"):
+    with pytest.raises(RuntimeError, match=r"Unexpected key.*stray"):
         fresh.load_state_dict({**state, "stray": torch.zeros(())})
+    with pytest.raises(RuntimeError, match=r"Missing key.*envs\.1\.transform"):
+        fresh.load_state_dict({k: v for k, v in state.items() if k.startswith("envs.0.")})
+    assert fresh.rollout(2).batch_size == (2, 2)  # a mismatch leaves the env usable
 
 
 def test_close_is_idempotent(batched):

@@ -166,6 +166,8 @@ def test_bad_arguments_are_refused():
         ParallelEnv(2, CountingEnv, mp_start_method="threads")
     with pytest.raises(ValueError, match="step_timeout"):
         ParallelEnv(2, CountingEnv, step_timeout=0)
+    with pytest.raises(ValueError, match="num_sub_threads"):
+        ParallelEnv(2, CountingEnv, num_sub_threads=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
