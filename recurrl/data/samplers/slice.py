@@ -333,10 +333,13 @@ class SliceSampler(Sampler):
             self._mode, self._boundary_key = "end", end_candidate
             self.end_key = end_candidate
             return
-        wanted = [*id_candidates, *([end_candidate] if end_candidate is not None else [])]
+        wanted = " or ".join(
+            [f"the trajectory id key {k!r}" for k in id_candidates]
+            + ([f"the end key {end_candidate!r}"] if end_candidate is not None else [])
+        )
         raise KeyError(
-            f"SliceSampler: expected a trajectory key in the data (tried {wanted}, in this "
-            f"order), received keys {sorted(map(str, keys))}; fix: store "
+            f"SliceSampler: expected {wanted} in the data (tried in this order), received "
+            f"keys {sorted(map(str, keys))}; fix: store "
             "('collector', 'traj_ids') or ('next', 'done'), or pass the key holding "
             "trajectory ids (traj_key=) or end flags (end_key=)."
         )
