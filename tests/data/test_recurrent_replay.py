@@ -48,12 +48,15 @@ def _replay(rnn, sample):
 
 
 @pytest.mark.parametrize("capacity", [200, 70])  # 70 < 120 steps: the storage wraps
-@pytest.mark.parametrize("layout", ["ragged", "strict", "padded", "padded_2d"])
-def test_replayed_slices_reproduce_collected_features(collected, capacity, layout):
+@pytest.mark.parametrize("layout", ["ragged", "strict", "padded", "padded_2d", "span"])
+@pytest.mark.parametrize("ndim", [1, 2])  # 2: each env's [20] steps are one storage row
+def test_replayed_slices_reproduce_collected_features(collected, capacity, layout, ndim):
     rnn, batches = collected
     sampler = SliceSampler(slice_len=SLICE_LEN, strict_length=layout == "strict",
-                           pad_output=layout.startswith("padded"))  # fmt: skip
-    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity), sampler=sampler,
+                           pad_output=layout.startswith("padded"),
+                           span=layout == "span")  # fmt: skip
+    storage = LazyTensorStorage(capacity, ndim=ndim)
+    rb = TensorDictReplayBuffer(storage=storage, sampler=sampler,
                                 batch_size=SLICE_LEN * NUM_SLICES)  # fmt: skip
     for batch in batches:
         rb.extend(batch)
