@@ -16,7 +16,8 @@ class Writer:
 
     def extend(self, storage: Storage, data: TensorDictBase) -> Tensor:
         """Write ``data`` (batch ``[n]``, or ``[N, T]`` row by row) into ``storage``; return
-        the ``[n]`` positions written."""
+        the ``[n]`` positions written. Call ``storage.check_write(data)`` first (a 2-D
+        storage validates and fixes its rows there)."""
         raise NotImplementedError(
             f"Writer subclasses implement extend(storage, data); {type(self).__name__} does not."
         )
