@@ -19,6 +19,7 @@ import multiprocessing.connection
 import multiprocessing.util  # its exit hook must be registered before ours
 import os
 import pickle
+import signal
 import threading
 import time
 import traceback
@@ -81,6 +82,9 @@ def _worker(
 ) -> None:
     """Build the env, then serve commands until ``"close"`` (or the pipe closes)."""
     _die_with_parent(expected_parent, death_signal)
+    # Ctrl-C goes to the whole process group: the main process handles it (and stops the
+    # workers); a worker interrupted mid-answer would only desynchronize its pipe.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(num_threads)
     try:
         env = creator(**kwargs)
@@ -316,12 +320,26 @@ class ParallelEnv(_BatchedEnv):
             reason = f" It was closed after: {self._failure}" if self._failure else ""
             raise RuntimeError(f"ParallelEnv: the env is closed.{reason} Build a new one.")
         workers = list(workers)
-        if message is not None:
-            for i in workers:
-                try:
-                    self._conns[i].send(message)
-                except OSError:
-                    self._died(i, doing)
+        try:
+            if message is not None:
+                for i in workers:
+                    try:
+                        self._conns[i].send(message)
+                    except OSError:
+                        self._died(i, doing)
+            return self._answers(workers, doing)
+        except BaseException as err:
+            if not self.is_closed:
+                # Interrupted (Ctrl-C, say) while answers were owed: the protocol cannot
+                # resume (a late answer would be taken for the next one), so stop it all.
+                self._failure = f"interrupted by {type(err).__name__} while {doing}"
+                self._stop_workers(ask=False)
+                self.is_closed = True
+            raise
+
+    def _answers(self, workers: list[int], doing: str) -> list[Any]:
+        """Wait for one answer of each of ``workers``, watching their process sentinels,
+        until ``step_timeout`` from now."""
         deadline = None if self.step_timeout is None else time.monotonic() + self.step_timeout
         answers: dict[int, Any] = {}
         pending = set(workers)
@@ -336,11 +354,11 @@ class ParallelEnv(_BatchedEnv):
                 i = sentinels[obj] if obj in sentinels else self._conns.index(obj)
                 if i not in pending:
                     continue
-                if not self._conns[i].poll():
+                if not self._conns[i].poll():  # its sentinel: it exited without answering
                     self._died(i, doing)
                 try:
                     ok, payload = self._conns[i].recv()
-                except (EOFError, OSError):
+                except (EOFError, OSError):  # readable at EOF: it exited
                     self._died(i, doing)
                 if not ok:
                     self._raise_worker_error(i, payload)

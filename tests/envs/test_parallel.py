@@ -142,6 +142,28 @@ def test_close_with_a_hung_worker_returns(fail_after):
     assert all(gone(pid) for pid in pids)
 
 
+def test_ctrl_c_while_waiting_stops_every_worker(fail_after):
+    env = faulty("hang", fault_step=1, step_timeout=None)
+    pids = pids_of(env)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with fail_after(30):
+            td = env.reset()
+            signal.signal(signal.SIGALRM, interrupt)  # fail_after installed its own
+            signal.setitimer(signal.ITIMER_REAL, 0.5)
+            with pytest.raises(KeyboardInterrupt):
+                env.step(env.rand_action(td))
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert env.is_closed and all(gone(pid) for pid in pids)
+    with pytest.raises(RuntimeError, match="interrupted by KeyboardInterrupt while running 'step'"):
+        env.reset()
+
+
 def test_env_that_fails_in_the_worker_is_reported_at_construction(fail_after):
     parent = os.getpid()
 
