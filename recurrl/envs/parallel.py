@@ -493,6 +493,13 @@ class ParallelEnv(_BatchedEnv):
             conn.close()
         _LIVE.discard(self)
 
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError(
+            "ParallelEnv cannot be pickled or copied: its sub-envs live in worker processes "
+            "of this one. Fix: send or copy the function that builds it, e.g. "
+            "lambda: ParallelEnv(2, make_env)."
+        )
+
     def __del__(self) -> None:
         if not self.__dict__.get("is_closed", True):
             self._stop_workers(ask=False)

@@ -7,7 +7,9 @@ with a timeout. Workers start with the default method (fork on Linux) unless a t
 
 from __future__ import annotations
 
+import copy
 import os
+import pickle
 import select
 import signal
 import subprocess
@@ -75,6 +77,15 @@ def test_rollouts_equal_serial_env_and_close_leaves_no_process():
     assert [p.exitcode for p in env._processes] == [0, 0]  # asked, they closed and exited
     with pytest.raises(RuntimeError, match="the env is closed"):
         env._call([0], ("seed", 0), "running 'set_seed'")
+
+
+def test_copying_is_refused_with_the_fix():
+    env = ParallelEnv(1, CountingEnv, step_timeout=60)
+    with pytest.raises(TypeError, match="cannot be pickled or copied"):
+        copy.deepcopy(env)
+    with pytest.raises(TypeError, match="cannot be pickled or copied"):
+        pickle.dumps(env)
+    env.close()
 
 
 def test_spawned_workers_get_the_pickled_lambda(fail_after):
