@@ -14,6 +14,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -69,6 +70,7 @@ def test_rollouts_equal_serial_env_and_close_leaves_no_process():
     torch.manual_seed(0)
     expected = serial.rollout(120, break_when_any_done=False)
     assert data["next", "done"].sum() >= 2 and (data == expected).all()
+    assert all(buffer.is_shared() for buffer in env._shared.values())
     assert not data.is_shared()  # results are copies, not views of the shared buffers
     pids = pids_of(env)
     assert len(set(pids)) == 2 and os.getpid() not in pids
@@ -77,6 +79,19 @@ def test_rollouts_equal_serial_env_and_close_leaves_no_process():
     assert [p.exitcode for p in env._processes] == [0, 0]  # asked, they closed and exited
     with pytest.raises(RuntimeError, match="the env is closed"):
         env._call([0], ("seed", 0), "running 'set_seed'")
+
+
+def test_env_built_in_a_thread_outlives_the_thread(fail_after):
+    # Linux sends PR_SET_PDEATHSIG when the *thread* that forked exits: not set there.
+    built = []
+    thread = threading.Thread(target=lambda: built.append(ParallelEnv(2, CountingEnv)))
+    with fail_after(30):
+        thread.start()
+        thread.join()
+        time.sleep(0.2)  # a death signal would have killed the workers by now
+        env = built[0]
+        assert env.rollout(3).batch_size == (2, 3)
+        env.close()
 
 
 def test_copying_is_refused_with_the_fix():
