@@ -19,6 +19,7 @@ import multiprocessing.connection
 import multiprocessing.util  # its exit hook must be registered before ours
 import os
 import pickle
+import select
 import signal
 import threading
 import time
@@ -345,13 +346,10 @@ class ParallelEnv(_BatchedEnv):
         pending = set(workers)
         while pending:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            waiting = [self._conns[i] for i in pending]
-            sentinels = {self._processes[i].sentinel: i for i in pending}
-            ready = multiprocessing.connection.wait([*waiting, *sentinels], remaining)
+            ready = self._wait(pending, remaining)
             if not ready:
                 self._timed_out(sorted(pending), doing)
-            for obj in ready:
-                i = sentinels[obj] if obj in sentinels else self._conns.index(obj)
+            for i in ready:
                 if i not in pending:
                     continue
                 if not self._conns[i].poll():  # its sentinel: it exited without answering
@@ -365,6 +363,26 @@ class ParallelEnv(_BatchedEnv):
                 answers[i] = payload
                 pending.discard(i)
         return [answers[i] for i in workers]
+
+    def _wait(self, pending: set[int], timeout: float | None) -> list[int]:
+        """The pending workers whose pipe or process sentinel is ready (one ``select.poll``
+        kept for the env: ``multiprocessing.connection.wait`` builds a selector per call)."""
+        if not hasattr(select, "poll"):  # Windows
+            objects = {self._conns[i]: i for i in pending}
+            objects.update({self._processes[i].sentinel: i for i in pending})
+            return [objects[o] for o in multiprocessing.connection.wait(list(objects), timeout)]
+        poller = self.__dict__.get("_poller")
+        if poller is None:
+            poller = select.poll()
+            owners = {}
+            for i, (conn, process) in enumerate(zip(self._conns, self._processes, strict=True)):
+                for fd in (conn.fileno(), process.sentinel):
+                    poller.register(fd, select.POLLIN)
+                    owners[fd] = i
+            self._poller, self._fd_owner = poller, owners
+        events = poller.poll(None if timeout is None else timeout * 1000)
+        owners = self._fd_owner
+        return [owners[fd] for fd, _ in events if owners[fd] in pending]
 
     # --- failures: stop everything, then raise ----------------------------------------------
     def _fail(self, error: BaseException, cause: BaseException | None = None) -> None:
