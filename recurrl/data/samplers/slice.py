@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from tensordict import TensorDictBase
@@ -34,6 +36,67 @@ def _positive(name: str, value: int | None) -> None:
         raise ValueError(f"SliceSampler: expected {name} to be a positive int, received {value!r}.")
 
 
+def _is_key(key) -> bool:
+    """Whether ``key`` is a nested key: a string or a non-empty tuple of strings."""
+    if isinstance(key, str):
+        return True
+    return isinstance(key, tuple) and len(key) > 0 and all(isinstance(k, str) for k in key)
+
+
+def _check_key(name: str, key) -> NestedKey | None:
+    """Validate an optional nested-key argument and normalise it."""
+    if key is None:
+        return None
+    if isinstance(key, list):
+        key = tuple(key)
+    if not _is_key(key):
+        raise ValueError(
+            f"SliceSampler: expected {name} to be a key (a string or a tuple of strings) or "
+            f"None, received {key!r}; fix: e.g. {name}='is_init' or {name}=('next', 'done')."
+        )
+    return _key(key)
+
+
+def _parse_end_keys(end_keys, end_key) -> tuple[NestedKey, ...] | None:
+    """Validate ``end_keys`` (several end flags, OR-ed); exclusive with ``end_key``."""
+    if end_keys is None:
+        return None
+    if end_key is not None:
+        raise ValueError(
+            f"SliceSampler: end_key={end_key!r} and end_keys={end_keys!r} both set the end "
+            "flags, but they are exclusive; fix: pass one key as end_key, or several keys "
+            "(OR-ed together) as end_keys, e.g. end_keys=[('next', 'done'), "
+            "('next', 'truncated')]."
+        )
+    if isinstance(end_keys, str) or (
+        isinstance(end_keys, tuple) and all(isinstance(k, str) for k in end_keys)
+    ):
+        raise ValueError(
+            f"SliceSampler: expected end_keys to be a list of keys, received {end_keys!r}, "
+            "which reads as a single (nested) key; fix: end_key="
+            f"{end_keys!r} for one key, or a list such as end_keys=[('next', 'done'), "
+            "('next', 'truncated')]."
+        )
+    if not isinstance(end_keys, (list, tuple)) or not end_keys:
+        raise ValueError(
+            f"SliceSampler: expected end_keys to be a non-empty list of keys, received "
+            f"{end_keys!r}; fix: e.g. end_keys=[('next', 'done'), ('next', 'truncated')]."
+        )
+    keys = []
+    for key in end_keys:
+        key = tuple(key) if isinstance(key, list) else key
+        if not _is_key(key):
+            raise ValueError(
+                f"SliceSampler: expected every entry of end_keys to be a key (a string or a "
+                f"tuple of strings), received {key!r} in end_keys={end_keys!r}; fix: e.g. "
+                "end_keys=[('next', 'done'), ('next', 'truncated')]."
+            )
+        key = _key(key)
+        if key not in keys:
+            keys.append(key)
+    return tuple(keys)
+
+
 def _parse_span(span) -> tuple[int | None, int | None] | None:
     """``span`` -> ``(left, right)``: per side, how many steps a slice cut by the trajectory
     start (left) / end (right) may lack (``None``: the side does not span; ``-1``: all but
@@ -56,7 +119,8 @@ def _parse_span(span) -> tuple[int | None, int | None] | None:
     return None if left is None and right is None else (left, right)
 
 
-def _given_boundaries(ends, trajectories, end_key, traj_key) -> tuple[str, Tensor] | None:
+def _given_boundaries(ends, trajectories, end_key, traj_key,
+                      end_keys=None) -> tuple[str, Tensor] | None:  # fmt: skip
     """Validate ``ends=`` / ``trajectories=``; return ``(mode, [n] tensor)`` or ``None``."""
     if ends is None and trajectories is None:
         return None
@@ -65,10 +129,11 @@ def _given_boundaries(ends, trajectories, end_key, traj_key) -> tuple[str, Tenso
             "SliceSampler: expected at most one of ends / trajectories, received both; fix: "
             "pass the trajectory ids (trajectories=) or the end flags (ends=)."
         )
-    if end_key is not None or traj_key is not None:
+    if end_key is not None or traj_key is not None or end_keys is not None:
         raise ValueError(
             f"SliceSampler: ends= / trajectories= give the boundaries directly, so end_key="
-            f"{end_key!r} / traj_key={traj_key!r} would be ignored; fix: drop the keys."
+            f"{end_key!r} / end_keys={end_keys!r} / traj_key={traj_key!r} would be ignored; "
+            "fix: drop the keys."
         )
     mode, value = ("end", ends) if ends is not None else ("traj", trajectories)
     name = "ends" if mode == "end" else "trajectories"
@@ -100,7 +165,10 @@ class SliceSampler(Sampler):
     written and reported in ``traj_key`` (ids) or ``end_key`` (flags): the given
     ``traj_key``, else ``("collector", "traj_ids")``, else ``"episode"``; then the given
     ``end_key``, else ``("next", "done")``. Only ``traj_key`` given: ids only; only
-    ``end_key`` given: flags only; both: ids preferred, flags as fallback. ``ends=`` /
+    ``end_key`` given: flags only; both: ids preferred, flags as fallback. ``end_keys``
+    (several end flags, e.g. ``[("next", "done"), ("next", "truncated")]``) stands for
+    ``end_key`` in all of this: a step ends a trajectory when any of those present in the
+    data is True (absent ones are skipped, at least one must be stored). ``ends=`` /
     ``trajectories=`` give the boundaries directly as a tensor over the stored steps
     (static datasets). A
     slice is drawn from a *segment*: a maximal run of storage positions with the same id
@@ -137,8 +205,8 @@ class SliceSampler(Sampler):
     samples like :class:`SliceSamplerWithoutReplacement` (``drop_last``, ``shuffle``).
 
     **Marks** written into the sample (so recurrent modules and value estimators never see
-    two slices as one sequence): ``"is_init"`` is True at every slice start (OR-ed with the
-    stored flags; only when the storage holds ``"is_init"``), ``truncated_key`` and
+    two slices as one sequence): ``init_key`` (``"is_init"``) is True at every slice start
+    (OR-ed with the stored flags; only when the storage holds that key), ``truncated_key`` and
     ``("next", "done")`` are True at every slice end (OR-ed with the stored flags).
 
     ``pad_output=True`` returns exactly ``[num_slices * slice_len]`` steps (view it as
@@ -154,12 +222,26 @@ class SliceSampler(Sampler):
         num_slices: number of slices per batch.
         slice_len: steps per slice.
         end_key: boolean ``[*B, 1]`` key ending trajectories. Default ``("next", "done")``.
+            Exclusive with ``end_keys``.
+        end_keys: a list of boolean ``[*B, 1]`` keys, OR-ed: a step ends a trajectory when
+            any of them is True (e.g. ``[("next", "done"), ("next", "truncated")]`` for data
+            whose truncations are not copied into ``done``). Keys the data lacks are
+            skipped; at least one must be stored. Exclusive with ``end_key``; reported as
+            given in ``end_keys`` (``end_key`` stays None).
         traj_key: int ``[*B]`` trajectory id key. Default: ``("collector", "traj_ids")``,
             else ``"episode"``, when the data has it. See above for both given.
+        step_key: accepted (default ``"step_count"``) and reported, not read: the reference
+            reads it only with ``fragmented=True`` (trajectories rebuilt from ids and step
+            counts out of storage order), which recurrl does not have -- a segment here is
+            always in time order.
         ends: ``[len(storage)]`` bool end flags, one per stored position (instead of a key).
         trajectories: ``[len(storage)]`` int ids, one per stored position (instead of a key).
         cache_values: accepted for API compatibility; boundaries are always cached.
         truncated_key: key set True at slice ends (``None``: do not mark).
+        init_key: key set True at slice starts, OR-ed with the stored flags, when the
+            storage holds it (the key ``InitTracker`` writes; ``None``: do not mark). Marks
+            only, never boundaries (as in the reference). Must differ from ``truncated_key``
+            and ``("next", "done")``.
         strict_length: see above.
         span: see above (default ``False``).
         min_slice_len: fewest steps a slice may have, ``1 <= min_slice_len <= slice_len``
@@ -203,11 +285,14 @@ class SliceSampler(Sampler):
         num_slices: int | None = None,
         slice_len: int | None = None,
         end_key: NestedKey | None = None,
+        end_keys: Sequence[NestedKey] | None = None,
         traj_key: NestedKey | None = None,
+        step_key: NestedKey | None = "step_count",
         ends: Tensor | None = None,
         trajectories: Tensor | None = None,
         cache_values: bool = False,
         truncated_key: NestedKey | None = ("next", "truncated"),
+        init_key: NestedKey | None = "is_init",
         strict_length: bool = True,
         compile: bool | dict = False,
         span: bool | int | tuple[bool | int, bool | int] = False,
@@ -254,7 +339,16 @@ class SliceSampler(Sampler):
                 "short a slice cut at a trajectory end may be; fix: give only one of them "
                 "(min_slice_len=m is span=(False, slice_len - m))."
             )
-        self._given = _given_boundaries(ends, trajectories, end_key, traj_key)
+        end_keys = _parse_end_keys(end_keys, end_key)
+        self._given = _given_boundaries(ends, trajectories, end_key, traj_key, end_keys)
+        truncated_key = _check_key("truncated_key", truncated_key)
+        init_key = _check_key("init_key", init_key)
+        if init_key is not None and init_key in (truncated_key, DONE_KEY):
+            raise ValueError(
+                f"SliceSampler: init_key={init_key!r} names the entry marked at slice ends "
+                f"(truncated_key={truncated_key!r}, or ('next', 'done')), but it is marked at "
+                "slice starts; fix: pass distinct keys (default init_key='is_init')."
+            )
         if replacement and (drop_last is not None or shuffle is not None):
             raise ValueError(
                 f"SliceSampler: drop_last={drop_last!r} / shuffle={shuffle!r} apply to "
@@ -266,12 +360,17 @@ class SliceSampler(Sampler):
         # there is nothing to compile or to move to a GPU, so both are accepted and ignored.
         self.compile, self.use_gpu = compile, use_gpu
         self.num_slices, self.slice_len = num_slices, slice_len
-        self._end_key_arg = None if end_key is None else _key(end_key)
-        self._traj_key_arg = None if traj_key is None else _key(traj_key)
+        self._end_key_arg = _check_key("end_key", end_key)
+        self._traj_key_arg = _check_key("traj_key", traj_key)
         # Reported after the first data is seen: the key trajectories were read from.
         self.end_key, self.traj_key = self._end_key_arg, self._traj_key_arg
+        self.end_keys = end_keys  # as given (end flags OR-ed); None: end_key
+        # step_key: the reference reads it only in its fragmented mode, which recurrl does
+        # not have (storage order is time order inside every segment); kept and reported.
+        self.step_key = _check_key("step_key", step_key)
+        self.init_key = init_key
         self.cache_values = cache_values
-        self.truncated_key = None if truncated_key is None else _key(truncated_key)
+        self.truncated_key = truncated_key
         self.strict_length, self.pad_output = strict_length, pad_output
         self.min_slice_len = min_slice_len
         self.replacement = bool(replacement)
@@ -279,7 +378,7 @@ class SliceSampler(Sampler):
         self.shuffle = bool(shuffle) if shuffle is not None else True
         self._segments: Segments | None = None
         self._mode: str | None = None  # "traj" or "end", resolved from the first data
-        self._boundary_key: NestedKey | None = None
+        self._boundary_keys: tuple[NestedKey, ...] | None = None  # read from the data
         self._tail: int | bool | None = None  # id / done flag of the newest step
         self._synced = 0  # storage.write_count the segments describe
         self._table: tuple | None = None  # (cache key, counts, cumulative counts, offsets)
@@ -305,44 +404,66 @@ class SliceSampler(Sampler):
 
     # -- boundary bookkeeping ------------------------------------------------------------
     def _resolve_mode(self, data: TensorDictBase) -> None:
-        """Choose the boundary key from the first data: trajectory ids are preferred (the
+        """Choose the boundary keys from the first data: trajectory ids are preferred (the
         given ``traj_key``, else ``("collector", "traj_ids")``, else ``"episode"``), end
-        flags are the fallback (the given ``end_key``, else ``("next", "done")``)."""
+        flags are the fallback (the given ``end_keys`` -- those present, OR-ed -- or
+        ``end_key``, else ``("next", "done")``)."""
         if self._mode is not None:
             return
         if self._given is not None:
-            self._mode, self._boundary_key = self._given[0], None
+            self._mode, self._boundary_keys = self._given[0], None
             return
         keys = set(data.keys(include_nested=True, leaves_only=True))
-        traj_given, end_given = self._traj_key_arg, self._end_key_arg
+        traj_given = self._traj_key_arg
+        end_given = self.end_keys or (
+            (self._end_key_arg,) if self._end_key_arg is not None else None
+        )
         if traj_given is not None:
             id_candidates = [traj_given]
         elif end_given is None:
             id_candidates = [TRAJ_KEY, EPISODE_KEY]
         else:
-            id_candidates = []  # only end_key given: the user asked for end flags
-        end_candidate = end_given if end_given is not None else END_KEY
+            id_candidates = []  # only end keys given: the user asked for end flags
+        end_candidates = end_given if end_given is not None else (END_KEY,)
         if traj_given is not None and end_given is None:
-            end_candidate = None  # only traj_key given: the user asked for ids
+            end_candidates = ()  # only traj_key given: the user asked for ids
         for key in id_candidates:
             if key in keys:
-                self._mode, self._boundary_key = "traj", key
+                self._mode, self._boundary_keys = "traj", (key,)
                 self.traj_key = key
                 return
-        if end_candidate is not None and end_candidate in keys:
-            self._mode, self._boundary_key = "end", end_candidate
-            self.end_key = end_candidate
+        present = tuple(key for key in end_candidates if key in keys)
+        if present:
+            self._mode, self._boundary_keys = "end", present
+            if self.end_keys is None:
+                self.end_key = present[0]
             return
-        wanted = " or ".join(
-            [f"the trajectory id key {k!r}" for k in id_candidates]
-            + ([f"the end key {end_candidate!r}"] if end_candidate is not None else [])
-        )
+        if len(end_candidates) > 1:
+            ends = [f"at least one of the end keys {list(end_candidates)!r} (OR-ed)"]
+        else:
+            ends = [f"the end key {key!r}" for key in end_candidates]
+        wanted = " or ".join([f"the trajectory id key {k!r}" for k in id_candidates] + ends)
         raise KeyError(
             f"SliceSampler: expected {wanted} in the data (tried in this order), received "
             f"keys {sorted(map(str, keys))}; fix: store "
             "('collector', 'traj_ids') or ('next', 'done'), or pass the key holding "
-            "trajectory ids (traj_key=) or end flags (end_key=)."
+            "trajectory ids (traj_key=) or end flags (end_key= / end_keys=)."
         )
+
+    def _boundary_values(self, data: TensorDictBase, n: int, index=None) -> Tensor:
+        """``[n]`` boundary values of ``data`` (at ``index``): ids, or the OR of the end
+        flags (an entry's trailing dims, e.g. ``[*B, 1]``, are reduced with any)."""
+        out = None
+        for key in self._boundary_keys:
+            value = data.get(key)
+            if index is not None:
+                value = value[index]
+            value = value.reshape(n, -1).cpu()
+            if self._mode == "traj":
+                return value[:, 0]
+            value = value.bool().any(-1)
+            out = value if out is None else out | value
+        return out
 
     def _flags(self, values: Tensor, n: int) -> tuple[np.ndarray, int | bool]:
         """Start flags inside a run of ``n`` consecutive steps, and the newest step's tail."""
@@ -373,7 +494,7 @@ class SliceSampler(Sampler):
             return
         if fresh:
             self._segments = Segments(storage.max_size)
-        values = data.get(self._boundary_key).reshape(n).cpu()
+        values = self._boundary_values(data, n)
         flags, tail = self._flags(values, n)
         rows = row_start.numpy()
         flags |= rows
@@ -405,7 +526,7 @@ class SliceSampler(Sampler):
                 )
             values = given[order]
         else:
-            values = storage.data.get(self._boundary_key)[order].cpu()
+            values = self._boundary_values(storage.data, n, order)
         flags, self._tail = self._flags(values, n)
         row_len = getattr(storage, "row_len", None)
         if row_len:  # a 2-D storage: a row is one env's [T] steps, never joined to the next
@@ -542,15 +663,15 @@ class SliceSampler(Sampler):
             is_start, is_end = is_start.to(storage.device), is_end.to(storage.device)
             mask = None if mask is None else mask.to(storage.device)
         info: dict = {}
-        marks = [("is_init", is_start), (self.truncated_key, is_end), (DONE_KEY, is_end)]
-        for key, flag in marks:
+        marks = [(self.init_key, is_start), (self.truncated_key, is_end), (DONE_KEY, is_end)]
+        for i, (key, flag) in enumerate(marks):
             stored = None if key is None else storage.leaf(key)
             if stored is not None:
                 value = stored[index]
                 flag = flag.view(-1, *([1] * (value.dim() - 1)))
                 value = value | flag if mask is None else (value & _col(mask, value)) | flag
-            elif key is None or key == "is_init":
-                continue  # not marked / the data has no is_init: nothing to mark
+            elif key is None or i == 0:
+                continue  # not marked / the data has no init flags: nothing to mark
             else:
                 value = flag.unsqueeze(-1)
             info[key] = value
@@ -563,9 +684,10 @@ class SliceSampler(Sampler):
         state = super().state_dict()
         state.update(
             mode=self._mode,
-            boundary_key=self._boundary_key,
+            boundary_keys=None if self._boundary_keys is None else list(self._boundary_keys),
             traj_key=self.traj_key,
             end_key=self.end_key,
+            end_keys=None if self.end_keys is None else list(self.end_keys),
             perm=self._perm,
             epoch_key=self._epoch_key,
             used=self._used,
@@ -578,11 +700,15 @@ class SliceSampler(Sampler):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self._mode, self._tail, self._synced = state["mode"], state["tail"], state["synced"]
-        if state["boundary_key"] is not None:
-            self._boundary_key = _key(state["boundary_key"])
+        keys = state.get("boundary_keys")
+        if keys is None and state.get("boundary_key") is not None:  # states saved before
+            keys = [state["boundary_key"]]
+        self._boundary_keys = None if keys is None else tuple(_key(k) for k in keys)
         for name in ("traj_key", "end_key"):
             if state.get(name) is not None:
                 setattr(self, name, _key(state[name]))
+        if state.get("end_keys") is not None:  # the segments were cut with these flags
+            self.end_keys = tuple(_key(k) for k in state["end_keys"])
         self._perm, self._used = state.get("perm"), state.get("used", 0)
         self._epoch_key = state.get("epoch_key")
         self._segments = None

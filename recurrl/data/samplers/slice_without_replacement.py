@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from tensordict.utils import NestedKey
 from torch import Tensor
@@ -48,10 +50,13 @@ class SliceSamplerWithoutReplacement(SliceSampler):
         slice_len: int | None = None,
         drop_last: bool = False,
         end_key: NestedKey | None = None,
+        end_keys: Sequence[NestedKey] | None = None,
         traj_key: NestedKey | None = None,
+        step_key: NestedKey | None = "step_count",
         ends: Tensor | None = None,
         trajectories: Tensor | None = None,
         truncated_key: NestedKey | None = ("next", "truncated"),
+        init_key: NestedKey | None = "is_init",
         strict_length: bool = True,
         shuffle: bool = True,
         compile: bool | dict = False,
@@ -63,9 +68,10 @@ class SliceSamplerWithoutReplacement(SliceSampler):
         cache_values: bool = False,
     ) -> None:
         super().__init__(
-            num_slices=num_slices, slice_len=slice_len, end_key=end_key, traj_key=traj_key,
-            ends=ends, trajectories=trajectories, cache_values=cache_values,
-            truncated_key=truncated_key, strict_length=strict_length, compile=compile,
+            num_slices=num_slices, slice_len=slice_len, end_key=end_key, end_keys=end_keys,
+            traj_key=traj_key, step_key=step_key, ends=ends, trajectories=trajectories,
+            cache_values=cache_values, truncated_key=truncated_key, init_key=init_key,
+            strict_length=strict_length, compile=compile,
             span=span, use_gpu=use_gpu, pad_output=pad_output, replacement=False,
             drop_last=drop_last, shuffle=shuffle, generator=generator,
             min_slice_len=min_slice_len,

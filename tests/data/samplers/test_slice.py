@@ -524,3 +524,198 @@ def test_2d_storage_slices_stay_in_rows(name, num_envs, drop_traj, strict, stora
             for piece in pieces:
                 check_slice(piece, slice_len)
                 assert (piece["index"] // steps == piece["index"][0] // steps).all()
+
+
+# -- end_keys / init_key / step_key ---------------------------------------------------------
+
+END_KEYS = [("next", "done"), ("next", "truncated")]
+
+
+def _truncations_only(data):
+    """Odd trajectories end with ``("next", "truncated")`` alone (``done`` left False), as in
+    datasets that do not copy truncations into ``done``; trajectory ids are dropped."""
+    data = data.exclude(TRAJ).clone()
+    done = data["next", "done"]
+    cut = done & (data["tid"] % 2 == 1).unsqueeze(-1)
+    data["next", "truncated"] = cut
+    data["next", "done"] = done & ~cut
+    data["next", "terminated"] = done & ~cut
+    return data
+
+
+def _rename_init(data, key):
+    data = data.clone()
+    data[key] = data["is_init"]
+    return data.exclude("is_init")
+
+
+def _check_split(sample, slice_len, init_key="is_init"):
+    """Cut the sample at ``init_key`` and check every slice (marks, one trajectory)."""
+    renamed = sample.clone()
+    renamed["is_init"] = sample[init_key]
+    pieces = split_slices(renamed)
+    for piece in pieces:
+        check_slice(piece, slice_len)
+    return pieces
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+@pytest.mark.parametrize("ndim", [1, 2])
+def test_end_keys_or_the_flags_in_1d_and_2d_storages(name, ndim):
+    """end_keys=[done, truncated]: trajectories ended by truncated alone are cut too; with
+    done alone they would be joined (checked, so the test can fail)."""
+    for seed in range(3):
+        rng = random.Random(seed)
+        steps, slice_len = rng.randint(3, 8), rng.randint(1, 4)
+        storage = LazyTensorStorage(rng.randint(steps, 60), ndim=ndim)
+        sampler = SAMPLERS[name](slice_len=slice_len, end_keys=END_KEYS, strict_length=False)
+        rb = TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=4 * slice_len)
+        collector = FakeCollector(2, 1, 3 * slice_len, seed)
+        joined = False
+        for _ in range(6):
+            rb.extend(_truncations_only(collector.batch(steps)))
+            expected = row_segments(storage) if ndim == 2 else reference_segments(storage)
+            assert _segments_of(sampler) == expected
+            if ndim == 2:  # a rescan sees the rows of a flat storage only through extend
+                rebuilt = SAMPLERS[name](slice_len=slice_len, end_keys=END_KEYS)
+                rebuilt._sync(storage)
+                assert _segments_of(rebuilt) == expected
+            done_only = SliceSampler(slice_len=slice_len, end_key=("next", "done"))
+            joined |= len(done_only._sync(storage).lengths) < len(expected)
+            for piece in _check_split(rb.sample(), slice_len):
+                if ndim == 2:
+                    assert (piece["index"] // steps == piece["index"][0] // steps).all()
+        assert joined, "the data never ended a trajectory by truncated alone"
+        assert sampler._mode == "end" and sampler.end_keys == tuple(END_KEYS)
+        assert sampler.end_key is None and sampler.traj_key is None
+
+
+def test_end_keys_skip_absent_keys_and_need_one():
+    data = _truncations_only(FakeCollector(None, 2, 6, 0).batch(30))
+    sampler = SliceSampler(slice_len=2, end_keys=[*END_KEYS, "absent", ("next", "other")])
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(30), sampler=sampler, batch_size=4)
+    rb.extend(data)
+    assert sampler._boundary_keys == tuple(END_KEYS)
+    assert _segments_of(sampler) == reference_segments(rb.storage)
+    sampler = SliceSampler(slice_len=2, end_keys=["absent", ("next", "other")])
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(30), sampler=sampler, batch_size=4)
+    with pytest.raises(KeyError, match=r"at least one of the end keys.*end_keys="):
+        rb.extend(data)  # ids are not searched either: end keys were asked for
+
+
+def test_traj_key_preferred_end_keys_as_fallback():
+    data = FakeCollector(2, 2, 6, 0).batch(20)
+    for drop, mode in (((), "traj"), ((TRAJ,), "end")):
+        sampler = SliceSampler(slice_len=2, traj_key=TRAJ, end_keys=END_KEYS)
+        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100), sampler=sampler)
+        rb.extend(_truncations_only(data) if drop else data)
+        assert sampler._mode == mode
+        assert _segments_of(sampler) == reference_segments(rb.storage)
+        assert sampler.traj_key == TRAJ and sampler.end_keys == tuple(END_KEYS)
+
+
+def test_end_keys_state_dict_round_trip():
+    """The flags the segments were cut with travel in the state; a reloaded sampler keeps
+    extending incrementally with them."""
+    collector = FakeCollector(None, 2, 6, 0)
+    sampler = SliceSampler(slice_len=2, end_keys=END_KEYS)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(40), sampler=sampler, batch_size=4)
+    rb.extend(_truncations_only(collector.batch(25)))
+    state = rb.state_dict()
+    assert state["sampler"]["end_keys"] == list(END_KEYS)
+    fresh = TensorDictReplayBuffer(storage=LazyTensorStorage(40),
+                                   sampler=SliceSampler(slice_len=2), batch_size=4)  # fmt: skip
+    fresh.load_state_dict(state)
+    assert fresh.sampler.end_keys == tuple(END_KEYS) and fresh.sampler.end_key is None
+    fresh.extend(_truncations_only(collector.batch(25)))  # wraps: incremental, not rebuilt
+    assert _segments_of(fresh.sampler) == reference_segments(fresh.storage)
+    _check_split(fresh.sample(), 2)
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+@pytest.mark.parametrize("ndim", [1, 2])
+def test_init_key_names_the_slice_start_mark(name, ndim):
+    """init_key="start": slice starts are marked there (OR-ed with the stored resets);
+    init_key=None: the stored flags come back as stored."""
+    data = FakeCollector(3, 1, 6, 0).batch(8)
+    data = data if ndim == 2 else data.reshape(-1)
+    for init_key in ("start", ("collector", "start"), None):
+        sampler = SAMPLERS[name](slice_len=3, init_key=init_key, strict_length=False)
+        storage = LazyTensorStorage(48, ndim=ndim)
+        rb = TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=12)
+        rb.extend(_rename_init(data, init_key or "start"))
+        sample = rb.sample()
+        assert "is_init" not in sample
+        if init_key is None:
+            assert (sample["start"] == storage.data["start"][sample["index"]]).all()
+            continue
+        pieces = _check_split(sample, 3, init_key)
+        assert len(pieces) == 4
+
+
+def test_init_key_marks_only_never_cuts_trajectories():
+    """A stored reset flag is not a boundary (as in the reference): boundaries come from
+    ids or end flags only."""
+    data = FakeCollector(None, 6, 6, 0).batch(12)
+    data["is_init"][3] = True  # a flag inside a trajectory
+    sampler = SliceSampler(slice_len=6)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(12), sampler=sampler, batch_size=6)
+    rb.extend(data)
+    assert sampler._segments.lengths.tolist() == [6, 6]
+    assert rb.sample()["is_init"].reshape(-1).tolist()[3]  # kept, OR-ed with the start
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_step_key_is_accepted_reported_and_changes_nothing(name):
+    data = FakeCollector(2, 1, 6, 0).batch(10)
+    data["steps"] = data["t"]
+    got = []
+    for kwargs in ({}, {"step_key": "steps"}, {"step_key": None}):
+        sampler = SAMPLERS[name](slice_len=2, **kwargs)
+        assert sampler.step_key == kwargs.get("step_key", "step_count")
+        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(40), sampler=sampler)
+        rb.extend(data)
+        got.append(_segments_of(sampler))
+    assert got[0] == got[1] == got[2] == reference_segments(rb.storage)
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+@pytest.mark.parametrize("ndim", [1, 2])
+def test_end_keys_init_key_step_key_together(name, ndim):
+    collector = FakeCollector(3, 1, 8, 1)
+    sampler = SAMPLERS[name](slice_len=3, end_keys=END_KEYS, init_key="start",
+                             step_key="t", strict_length=False)  # fmt: skip
+    storage = LazyTensorStorage(60, ndim=ndim)
+    rb = TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=12)
+    for _ in range(5):
+        data = _rename_init(_truncations_only(collector.batch(7)), "start")
+        rb.extend(data)  # [N, T]: rows are written one after the other into a flat storage
+        expected = row_segments(storage) if ndim == 2 else reference_segments(storage)
+        assert _segments_of(sampler) == expected
+        for piece in _check_split(rb.sample(), 3, "start"):
+            if ndim == 2:
+                assert (piece["index"] // 7 == piece["index"][0] // 7).all()
+    assert (sampler.end_keys, sampler.init_key, sampler.step_key) == (tuple(END_KEYS), "start", "t")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"end_key": ("next", "done"), "end_keys": END_KEYS}, "exclusive"),
+        ({"end_keys": ("next", "done")}, "single"),
+        ({"end_keys": "done"}, "single"),
+        ({"end_keys": []}, "non-empty list"),
+        ({"end_keys": [("next", "done"), 3]}, "every entry of end_keys"),
+        ({"end_keys": END_KEYS, "ends": torch.zeros(3).bool()}, "drop the keys"),
+        ({"init_key": ("next", "truncated")}, "slice starts"),
+        ({"init_key": "flag", "truncated_key": "flag"}, "slice starts"),
+        ({"init_key": ("next", "done")}, "slice starts"),
+        ({"init_key": 3}, "expected init_key"),
+        ({"step_key": ["a", 1]}, "expected step_key"),
+        ({"traj_key": ()}, "expected traj_key"),
+    ],
+)
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_invalid_end_init_step_keys(name, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SAMPLERS[name](slice_len=2, **kwargs)
