@@ -133,6 +133,9 @@ def _worker(
     env is built outside the main thread, since Linux sends the signal when the *thread*
     that forked exits.
     """
+    # A forked worker inherits the parent's SIGTERM handler (recurrl train's stop request,
+    # Ray's driver handler, ...): restore the default, so that terminate() ends the worker.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent(expected_parent, death_signal)
     _async_worker(
         index, env_fn, pipe, parent_pipe, shared_memory, error_queue, autoreset_mode, semaphore

@@ -146,7 +146,21 @@ def test_explicit_wait_timeout_counts_from_the_wait(fail_after):
     assert vec.closed and not any(p.is_alive() for p in vec.processes)
 
 
-def test_close_with_a_hung_worker_returns(fail_after, monkeypatch):
+@pytest.fixture(params=[False, True], ids=["default-sigterm", "parent-sigterm-handler"])
+def parent_sigterm(request):
+    """Run with and without a SIGTERM handler in this process (recurrl train's stop request,
+    Ray's driver): forked workers must not inherit it, or SIGTERM would not end them."""
+    if not request.param:
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_close_with_a_hung_worker_returns(fail_after, monkeypatch, parent_sigterm):
     monkeypatch.setattr(gym_async, "CLOSE_TIMEOUT", 0.5)
     env = faulty(fault="hang", fault_step=1, step_timeout=None)
     vec = env.env
