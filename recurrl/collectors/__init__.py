@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from recurrl.collectors.collector import Collector
+from recurrl.collectors.collector import Collector, MissingPolicyTransformsError
 
 if TYPE_CHECKING:
     from recurrl.collectors.ray import RayCollector as RayCollector
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 # RayCollector / RemoteCollectorError are left out of __all__: a star import would
 # import Ray.
-__all__ = ["Collector"]
+__all__ = ["Collector", "MissingPolicyTransformsError"]
 
 _LAZY = ("RayCollector", "RemoteCollectorError")
 
