@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 
+from recurrl.envs import gym_async
 from recurrl.envs.batched import (
     EnvFn,
     _BatchedEnv,
@@ -40,9 +41,7 @@ from recurrl.envs.batched import (
 )
 from recurrl.envs.env_creator import EnvCreator, EnvMetaData
 from recurrl.envs.gym_async import (
-    CLOSE_TIMEOUT,
     DEFAULT_STEP_TIMEOUT,
-    KILL_TIMEOUT,
     WorkerDiedError,
     _describe_exit,
     _die_with_parent,
@@ -82,6 +81,9 @@ def _worker(
     death_signal: bool,
 ) -> None:
     """Build the env, then serve commands until ``"close"`` (or the pipe closes)."""
+    # A forked worker inherits the parent's SIGTERM handler (recurrl train's stop request,
+    # a Ray driver's): restore the default, so that terminate() ends the worker.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent(expected_parent, death_signal)
     # Ctrl-C goes to the whole process group: the main process handles it (and stops the
     # workers); a worker interrupted mid-answer would only desynchronize its pipe.
@@ -393,7 +395,7 @@ class ParallelEnv(_BatchedEnv):
 
     def _died(self, index: int, doing: str) -> None:
         process = self._processes[index]
-        process.join(KILL_TIMEOUT)  # reap it, for its exit code
+        process.join(gym_async.KILL_TIMEOUT)  # reap it, for its exit code
         self._fail(
             WorkerDiedError(
                 f"ParallelEnv: worker {index} (pid {process.pid}) died, "
@@ -501,12 +503,12 @@ class ParallelEnv(_BatchedEnv):
             for conn in conns:
                 with contextlib.suppress(OSError):  # a dead worker
                     conn.send(("close", None))
-            _drain_until_exit(conns, processes, CLOSE_TIMEOUT)
+            _drain_until_exit(conns, processes, gym_async.CLOSE_TIMEOUT)
         for stop in ("terminate", "kill"):  # SIGTERM, then SIGKILL
             alive = [p for p in processes if p.is_alive()]
             for process in alive:
                 getattr(process, stop)()
-            _join_all(alive, KILL_TIMEOUT)
+            _join_all(alive, gym_async.KILL_TIMEOUT)
         for conn in conns:
             conn.close()
         _LIVE.discard(self)

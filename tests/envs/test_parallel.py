@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from recurrl.envs import GymEnv, ParallelEnv, SerialEnv
+from recurrl.envs import GymEnv, ParallelEnv, SerialEnv, gym_async
 from recurrl.envs.gym_async import WorkerDiedError
 from recurrl.testing import CountingEnv
 from recurrl.testing.gym_envs import FaultyEnv
@@ -158,7 +158,23 @@ def test_hung_worker_times_out_and_one_ignoring_sigterm_is_killed(fail_after):
     assert all(gone(pid) for pid in pids)
 
 
-def test_close_with_a_hung_worker_returns(fail_after):
+@pytest.fixture(params=[False, True], ids=["default-sigterm", "parent-sigterm-handler"])
+def parent_sigterm(request):
+    """With and without a SIGTERM handler in this process (recurrl train's stop request, a
+    Ray driver's): forked workers must not inherit it, or SIGTERM would not end them."""
+    if not request.param:
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@linux_only
+def test_close_with_a_hung_worker_returns(fail_after, monkeypatch, parent_sigterm):
+    monkeypatch.setattr(gym_async, "CLOSE_TIMEOUT", 0.5)
     env = faulty("hang", fault_step=1, step_timeout=None)
     pids = pids_of(env)
     with fail_after(30):
@@ -166,6 +182,8 @@ def test_close_with_a_hung_worker_returns(fail_after):
         env._conns[1].send(("step", ("action",)))  # worker 1 now hangs in its step
         env.close()
     assert all(gone(pid) for pid in pids)
+    # worker 0 closed when asked; worker 1 ended by SIGTERM (not left for SIGKILL)
+    assert [p.exitcode for p in env._processes] == [0, -signal.SIGTERM]
 
 
 def test_ctrl_c_while_waiting_stops_every_worker(fail_after):
