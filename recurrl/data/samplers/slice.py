@@ -156,6 +156,44 @@ def _given_boundaries(ends, trajectories, end_key, traj_key,
     return mode, value.detach().cpu()
 
 
+def _check_fragmented(step_key, end_key, end_keys, ends, trajectories) -> None:
+    """``fragmented=True`` rebuilds trajectories from ids and step numbers only."""
+    if step_key is None:
+        raise ValueError(
+            "SliceSampler: fragmented=True orders every trajectory's steps by their step "
+            "number, read from step_key, but step_key=None; fix: pass the key holding the "
+            "per-trajectory step count, e.g. step_key='step_count' (StepCounter's key)."
+        )
+    if ends is not None or trajectories is not None:
+        raise ValueError(
+            "SliceSampler: fragmented=True rebuilds trajectories from the stored ids and step "
+            "numbers, so ends= / trajectories= (boundaries in storage order) cannot be used; "
+            "fix: store the ids and steps and pass traj_key= / step_key=, or drop fragmented."
+        )
+    if end_key is not None or end_keys is not None:
+        raise ValueError(
+            f"SliceSampler: fragmented=True reads trajectory ids and step numbers only, so "
+            f"end_key={end_key!r} / end_keys={end_keys!r} would be ignored; fix: drop them "
+            "(a gap in the step numbers already ends a run)."
+        )
+
+
+def _integer_leaf(data: TensorDictBase, key: NestedKey, name: str, n: int) -> Tensor:
+    """``[n]`` int64 values of a scalar-per-step integer entry (fragmented mode)."""
+    value = data.get(key)
+    if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+        raise ValueError(
+            f"SliceSampler(fragmented=True): expected {name}={key!r} to hold integers, "
+            f"received dtype {value.dtype}; fix: store it as an integer tensor."
+        )
+    if value.numel() != n:
+        raise ValueError(
+            f"SliceSampler(fragmented=True): expected {name}={key!r} to hold one value per "
+            f"step ({n}), received shape {tuple(value.shape)}; fix: store a scalar per step."
+        )
+    return value.reshape(n).to("cpu", torch.int64)
+
+
 class SliceSampler(Sampler):
     """Samples contiguous slices of stored trajectories, returned flat and ready for
     recurrent mode.
@@ -230,10 +268,16 @@ class SliceSampler(Sampler):
             given in ``end_keys`` (``end_key`` stays None).
         traj_key: int ``[*B]`` trajectory id key. Default: ``("collector", "traj_ids")``,
             else ``"episode"``, when the data has it. See above for both given.
-        step_key: accepted (default ``"step_count"``) and reported, not read: the reference
-            reads it only with ``fragmented=True`` (trajectories rebuilt from ids and step
-            counts out of storage order), which recurrl does not have -- a segment here is
-            always in time order.
+        step_key: int ``[*B]`` key counting each trajectory's steps (default
+            ``"step_count"``, :class:`StepCounter`'s key); read only with ``fragmented=True``
+            (as in the reference), otherwise just reported.
+        fragmented: rebuild trajectories from ``(traj_key, step_key)`` instead of storage
+            order: the stored steps are sorted by (id, step) and a run of one id whose step
+            numbers count up by one is a segment, wherever its steps lie (interleaved
+            writers, rows of different batches). A missing step splits a run; a repeated
+            (id, step) pair is an error. Needs trajectory ids (given or detected) and
+            refuses ``end_key`` / ``end_keys`` / ``ends`` / ``trajectories``. Runs are
+            rebuilt (a sort, ``O(n log n)``) at the first sample after each write.
         ends: ``[len(storage)]`` bool end flags, one per stored position (instead of a key).
         trajectories: ``[len(storage)]`` int ids, one per stored position (instead of a key).
         cache_values: accepted for API compatibility; boundaries are always cached.
@@ -288,6 +332,7 @@ class SliceSampler(Sampler):
         end_keys: Sequence[NestedKey] | None = None,
         traj_key: NestedKey | None = None,
         step_key: NestedKey | None = "step_count",
+        fragmented: bool = False,
         ends: Tensor | None = None,
         trajectories: Tensor | None = None,
         cache_values: bool = False,
@@ -340,6 +385,8 @@ class SliceSampler(Sampler):
                 "(min_slice_len=m is span=(False, slice_len - m))."
             )
         end_keys = _parse_end_keys(end_keys, end_key)
+        if fragmented:
+            _check_fragmented(step_key, end_key, end_keys, ends, trajectories)
         self._given = _given_boundaries(ends, trajectories, end_key, traj_key, end_keys)
         truncated_key = _check_key("truncated_key", truncated_key)
         init_key = _check_key("init_key", init_key)
@@ -365,9 +412,9 @@ class SliceSampler(Sampler):
         # Reported after the first data is seen: the key trajectories were read from.
         self.end_key, self.traj_key = self._end_key_arg, self._traj_key_arg
         self.end_keys = end_keys  # as given (end flags OR-ed); None: end_key
-        # step_key: the reference reads it only in its fragmented mode, which recurrl does
-        # not have (storage order is time order inside every segment); kept and reported.
-        self.step_key = _check_key("step_key", step_key)
+        self.step_key = _check_key("step_key", step_key)  # read with fragmented=True only
+        self.fragmented = bool(fragmented)
+        self._order: Tensor | None = None  # fragmented: storage positions in (id, step) order
         self.init_key = init_key
         self.cache_values = cache_values
         self.truncated_key = truncated_key
@@ -414,6 +461,12 @@ class SliceSampler(Sampler):
             self._mode, self._boundary_keys = self._given[0], None
             return
         keys = set(data.keys(include_nested=True, leaves_only=True))
+        if self.fragmented and self.step_key not in keys:
+            raise KeyError(
+                f"SliceSampler(fragmented=True): expected the step numbers under step_key="
+                f"{self.step_key!r} in the data, received keys {sorted(map(str, keys))}; fix: "
+                "store them (e.g. with a StepCounter transform) or pass step_key=."
+            )
         traj_given = self._traj_key_arg
         end_given = self.end_keys or (
             (self._end_key_arg,) if self._end_key_arg is not None else None
@@ -425,6 +478,8 @@ class SliceSampler(Sampler):
         else:
             id_candidates = []  # only end keys given: the user asked for end flags
         end_candidates = end_given if end_given is not None else (END_KEY,)
+        if self.fragmented:
+            end_candidates = ()  # ids and step numbers only
         if traj_given is not None and end_given is None:
             end_candidates = ()  # only traj_key given: the user asked for ids
         for key in id_candidates:
@@ -481,6 +536,10 @@ class SliceSampler(Sampler):
         self._resolve_mode(data)
         if self._given is not None:
             return  # boundaries come from ends= / trajectories=: rebuilt when sampling
+        if self.fragmented:  # checked now (raise early); runs are rebuilt when sampling
+            _integer_leaf(data, self._boundary_keys[0], "traj_key", index.numel())
+            _integer_leaf(data, self.step_key, "step_key", index.numel())
+            return
         n = index.numel()
         fresh = self._segments is None and storage.write_count == n
         incremental = (
@@ -513,6 +572,9 @@ class SliceSampler(Sampler):
         sees ``[N, T]`` row boundaries only in a 2-D storage, ``ndim=2``)."""
         n = len(storage)
         self._resolve_mode(storage.data)
+        if self.fragmented:
+            self._rebuild_fragmented(storage)
+            return
         oldest = storage.cursor if n == storage.max_size else 0
         order = (torch.arange(n) + oldest) % storage.max_size
         if self._given is not None:
@@ -534,6 +596,40 @@ class SliceSampler(Sampler):
         version = 0 if self._segments is None else self._segments.version + 1
         self._segments = Segments.from_flags(storage.max_size, flags, oldest)
         self._segments.version = version  # never reused: cached tables key on it
+        self._synced, self._table = storage.write_count, None
+
+    def _rebuild_fragmented(self, storage: Storage) -> None:
+        """``fragmented=True``: sort the stored steps by (trajectory id, step number); a run
+        (segment) is a maximal sequence of one id whose step numbers count up by one. The
+        segments then index this order (``self._order``), not the ring."""
+        n = len(storage)
+        data = storage.data[:n]
+        ids = _integer_leaf(data, self._boundary_keys[0], "traj_key", n).numpy()
+        steps = _integer_leaf(data, self.step_key, "step_key", n).numpy()
+        if (steps < 0).any():
+            raise ValueError(
+                f"SliceSampler(fragmented=True): expected non-negative step numbers under "
+                f"step_key={self.step_key!r}, received {int(steps.min())}; fix: store the step "
+                "count of each trajectory (0 at its first step)."
+            )
+        order = np.lexsort((steps, ids))
+        ids, steps = ids[order], steps[order]
+        same = ids[1:] == ids[:-1]
+        dup = same & (steps[1:] == steps[:-1])
+        if dup.any():
+            k = int(np.flatnonzero(dup)[0])
+            raise ValueError(
+                f"SliceSampler(fragmented=True): expected each (trajectory id, step) pair "
+                f"stored once, received trajectory {int(ids[k])} step {int(steps[k])} at "
+                f"positions {int(order[k])} and {int(order[k + 1])}; fix: give every "
+                "trajectory a unique id (traj_key) and count its steps (step_key)."
+            )
+        flags = np.ones(n, dtype=bool)
+        flags[1:] = ~(same & (steps[1:] == steps[:-1] + 1))
+        version = 0 if self._segments is None else self._segments.version + 1
+        self._segments = Segments.from_flags(max(n, 1), flags, 0)
+        self._segments.version = version
+        self._order = torch.from_numpy(order.astype(np.int64))
         self._synced, self._table = storage.write_count, None
 
     def _sync(self, storage: Storage) -> Segments:
@@ -637,14 +733,18 @@ class SliceSampler(Sampler):
     def _slices(self, storage: Storage, start: Tensor, length: Tensor, slice_len: int):
         """Index and marks of slices starting at ``start`` with ``length`` real steps."""
         steps = torch.arange(slice_len)
-        pos = (start.unsqueeze(-1) + steps) % storage.max_size  # [M, L]
+        if self.fragmented:  # start indexes the (id, step) order, not the ring
+            packed = (start.unsqueeze(-1) + steps).clamp_max(self._order.numel() - 1)
+            pos = self._order[packed]  # [M, L]
+        else:
+            pos = (start.unsqueeze(-1) + steps) % storage.max_size  # [M, L]
         lengths = length.unsqueeze(-1)  # [M, 1]
         is_start = (steps == 0).expand_as(pos)
         is_end = steps == lengths - 1
         mask = None
         if self.pad_output:
             real = steps < lengths
-            index = torch.where(real, pos, start.unsqueeze(-1)).reshape(-1)
+            index = torch.where(real, pos, pos[:, :1]).reshape(-1)
             mask = real.reshape(-1)
             # Padding is marked is_init: the real last step is then a sequence end, where
             # recurrent mode's ("next", state) is exact, in flat and in [M, L] layout.
@@ -694,6 +794,7 @@ class SliceSampler(Sampler):
             tail=self._tail,
             synced=self._synced,
             segments=None if self._segments is None else self._segments.state_dict(),
+            order=self._order,
         )
         return state
 
@@ -711,6 +812,7 @@ class SliceSampler(Sampler):
             self.end_keys = tuple(_key(k) for k in state["end_keys"])
         self._perm, self._used = state.get("perm"), state.get("used", 0)
         self._epoch_key = state.get("epoch_key")
+        self._order = state.get("order")
         self._segments = None
         if state["segments"] is not None:
             self._segments = Segments(state["segments"]["capacity"])

@@ -53,6 +53,7 @@ class SliceSamplerWithoutReplacement(SliceSampler):
         end_keys: Sequence[NestedKey] | None = None,
         traj_key: NestedKey | None = None,
         step_key: NestedKey | None = "step_count",
+        fragmented: bool = False,
         ends: Tensor | None = None,
         trajectories: Tensor | None = None,
         truncated_key: NestedKey | None = ("next", "truncated"),
@@ -69,7 +70,8 @@ class SliceSamplerWithoutReplacement(SliceSampler):
     ) -> None:
         super().__init__(
             num_slices=num_slices, slice_len=slice_len, end_key=end_key, end_keys=end_keys,
-            traj_key=traj_key, step_key=step_key, ends=ends, trajectories=trajectories,
+            traj_key=traj_key, step_key=step_key, fragmented=fragmented, ends=ends,
+            trajectories=trajectories,
             cache_values=cache_values, truncated_key=truncated_key, init_key=init_key,
             strict_length=strict_length, compile=compile,
             span=span, use_gpu=use_gpu, pad_output=pad_output, replacement=False,
