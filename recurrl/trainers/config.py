@@ -193,6 +193,10 @@ class ModelConfig:
     """Stacked recurrent layers (hidden layers of the MLP trunk with memory=none)."""
     shared_trunk: bool = False
     """Actor and critic share one trunk (else each has its own)."""
+    recurrent_backend: Literal["auto", "pad", "scan"] = "auto"
+    """How the LSTM/GRU trunk runs a sequence with resets in training: pad (split at resets,
+    torch's fused kernel), scan (time loop), or auto (the faster for the input). All give the
+    same numbers up to float rounding, so a resumed run may change it."""
 
     def __post_init__(self) -> None:
         _finite(self)
@@ -201,6 +205,11 @@ class ModelConfig:
                 f"ModelConfig: memory must be 'lstm', 'gru' or 'none', received {self.memory!r}."
             )
         _positive("ModelConfig", hidden_size=self.hidden_size, num_layers=self.num_layers)
+        if self.recurrent_backend not in ("auto", "pad", "scan"):
+            raise ValueError(
+                f"ModelConfig: recurrent_backend must be 'auto', 'pad' or 'scan', received "
+                f"{self.recurrent_backend!r}."
+            )
 
 
 @dataclass
@@ -635,10 +644,11 @@ def _check_entries(cls: type, data: Any, where: str) -> None:
 #: the run was started. ``frames`` may grow (the schedules stretch to the new length);
 #: the rest only changes how the run is executed, watched or saved. ``run.run_dir`` is
 #: where the run lies now (a moved directory resumes in its new place).
+#: ``model.recurrent_backend`` changes float rounding only (every backend computes the same).
 RESUMABLE: frozenset[str] = frozenset({
     "ppo.frames", "dqn.frames", "run.run_dir", "run.device", "run.checkpoint_every",
     "run.num_threads", "run.tensorboard", "run.plot", "run.eval_episodes", "run.quiet",
-    "run.save_simulator", "run.ray_address",
+    "run.save_simulator", "run.ray_address", "model.recurrent_backend",
 })  # fmt: skip
 
 

@@ -82,12 +82,14 @@ def _trunk(cfg: ModelConfig, obs_dim: int, name: str, obs_key: str = OBS_KEY) ->
         h, c = f"{name}_h", f"{name}_c"
         return LSTMModule(
             obs_dim, cfg.hidden_size, num_layers=cfg.num_layers,
+            recurrent_backend=cfg.recurrent_backend,
             in_keys=[obs_key, h, c], out_keys=[out, ("next", h), ("next", c)],
         )  # fmt: skip
     if cfg.memory == "gru":
         h = f"{name}_h"
         return GRUModule(
             obs_dim, cfg.hidden_size, num_layers=cfg.num_layers,
+            recurrent_backend=cfg.recurrent_backend,
             in_keys=[obs_key, h], out_keys=[out, ("next", h)],
         )  # fmt: skip
     mlp = MLP(
