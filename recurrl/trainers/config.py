@@ -36,6 +36,8 @@ __all__ = [
 MASKED_ENVS: dict[str, tuple[str, list[int]]] = {
     # cart position and pole angle; the two velocities are hidden (needs memory)
     "CartPole-masked": ("CartPole-v1", [0, 2]),
+    # cos and sin of the angle; the angular velocity is hidden (continuous torque actions)
+    "Pendulum-masked": ("Pendulum-v1", [0, 1]),
 }
 
 
@@ -104,7 +106,8 @@ class EnvConfig:
     env: str = "CartPole-masked"
     """Env id: any registered gymnasium id (e.g. CartPole-v1), a popgym-* id (with the
     popgym extra installed), or the built-in CartPole-masked (CartPole-v1 with both
-    velocities hidden)."""
+    velocities hidden) or Pendulum-masked (Pendulum-v1, continuous actions, its angular
+    velocity hidden)."""
     num_envs: int = 8
     """Envs stepped together (a gymnasium SyncVectorEnv)."""
     max_episode_steps: int | None = None
@@ -193,6 +196,10 @@ class ModelConfig:
     """Stacked recurrent layers (hidden layers of the MLP trunk with memory=none)."""
     shared_trunk: bool = False
     """Actor and critic share one trunk (else each has its own)."""
+    action_std: Literal["parameter", "state"] = "parameter"
+    """Continuous (Box) actions, PPO only: the policy is a Gaussian squashed by tanh into the
+    action bounds; its standard deviation is one learned parameter per action entry
+    (parameter) or an output of the actor's head for every state (state)."""
     recurrent_backend: Literal["auto", "pad", "scan"] = "auto"
     """How the LSTM/GRU trunk runs a sequence with resets in training: pad (split at resets,
     torch's fused kernel), scan (time loop), or auto (the faster for the input). All give the
@@ -205,6 +212,11 @@ class ModelConfig:
                 f"ModelConfig: memory must be 'lstm', 'gru' or 'none', received {self.memory!r}."
             )
         _positive("ModelConfig", hidden_size=self.hidden_size, num_layers=self.num_layers)
+        if self.action_std not in ("parameter", "state"):
+            raise ValueError(
+                f"ModelConfig: action_std must be 'parameter' or 'state', received "
+                f"{self.action_std!r}. Fix: --action-std parameter."
+            )
         if self.recurrent_backend not in ("auto", "pad", "scan"):
             raise ValueError(
                 f"ModelConfig: recurrent_backend must be 'auto', 'pad' or 'scan', received "
@@ -553,11 +565,29 @@ class TrainConfig:
             space = env.action_space
         finally:
             env.close()
-        if not isinstance(space, gymnasium.spaces.Discrete):
+        if isinstance(space, gymnasium.spaces.Discrete):
+            return
+        if not isinstance(space, gymnasium.spaces.Box):
             raise ValueError(
-                f"TrainConfig: algo {self.algo!r} needs a Discrete action space (one output "
-                f"per action); {self.env.env!r} has {space}. Fix: pick an env with "
-                f"discrete actions (e.g. CartPole-v1, Acrobot-v1, LunarLander-v3)."
+                f"TrainConfig: algo {self.algo!r} needs a Discrete action space, or a Box one "
+                f"with ppo; {self.env.env!r} has {space}. Fix: pick an env with such actions "
+                f"(e.g. CartPole-v1, Pendulum-v1)."
+            )
+        if self.algo != "ppo":
+            raise ValueError(
+                f"TrainConfig: algo {self.algo!r} needs a Discrete action space (one Q-value "
+                f"per action); {self.env.env!r} has continuous actions {space}. Fix: --algo "
+                f"ppo, or pick an env with discrete actions (e.g. CartPole-masked)."
+            )
+        import numpy as np
+
+        low, high = np.asarray(space.low), np.asarray(space.high)
+        if len(space.shape) != 1 or not (np.isfinite(low).all() and np.isfinite(high).all()):
+            raise ValueError(
+                f"TrainConfig: continuous actions must be a flat Box with finite bounds (the "
+                f"policy squashes into [low, high]); {self.env.env!r} has {space}. Fix: wrap "
+                f"the env (gymnasium.wrappers.RescaleAction for infinite bounds, a reshape for "
+                f"a multi-dimensional Box) and register the wrapped env under a new id."
             )
 
     # ------------------------------------------------------------------ (de)serialization

@@ -13,7 +13,7 @@ from recurrl.trainers import checkpoint as ckpt
 from recurrl.trainers.config import TrainConfig
 from recurrl.trainers.dqn import QNetwork
 from recurrl.trainers.errors import CheckpointError, UsageError
-from recurrl.trainers.models import ActorCritic, make_env
+from recurrl.trainers.models import actor_critic, make_env
 
 __all__ = ["CONFIG", "evaluate", "load_config", "require_checkpoint"]
 
@@ -98,7 +98,7 @@ def evaluate(
         model.load_state_dict(state["model"])
         policy = model.policy(epsilon=0.0 if deterministic else cfg.dqn.eps_end)
     else:
-        model = ActorCritic(cfg.model, obs_dim, env.action_spec.n, obs_scale=cfg.ppo.obs_scale)
+        model = actor_critic(cfg, env)
         model.load_state_dict(state["model"])
         policy = model.policy(deterministic)
     model.eval()

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from tensordict.nn import TensorDictModule as Mod
 from tensordict.nn import TensorDictSequential as Seq
+from torch import distributions as D
 from torch import nn
 from torch.distributions import Categorical
+from torch.nn import functional as F
 
 from recurrl.envs import (
     Compose,
@@ -20,12 +24,25 @@ from recurrl.envs import (
     specs,
 )
 from recurrl.modules import MLP, GRUModule, LSTMModule
-from recurrl.trainers.config import EnvConfig, ModelConfig
+from recurrl.trainers.config import EnvConfig, ModelConfig, TrainConfig
 from recurrl.trainers.errors import UsageError
 
-__all__ = ["ActorCritic", "CategoricalSampler", "make_env"]
+__all__ = [
+    "ActorCritic",
+    "CategoricalSampler",
+    "GaussianParams",
+    "ScaledTanhNormal",
+    "TanhNormalSampler",
+    "actor_critic",
+    "make_env",
+    "squashed_gaussian",
+]
 
 OBS_KEY = "observation"
+#: range of the Gaussian's log standard deviation (before the tanh)
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+#: squashed actions are clamped to (-1 + eps, 1 - eps) before atanh (as ClipPPOLoss does)
+TANH_EPS = 1e-6
 
 
 def make_env(cfg: EnvConfig, *, num_envs: int | None = None, seed: int | None = None):
@@ -70,6 +87,133 @@ class CategoricalSampler(nn.Module):
         return action, dist.log_prob(action)
 
 
+def _log_dtanh(u: torch.Tensor) -> torch.Tensor:
+    """``log(1 - tanh(u)^2)``, computed stably as ``2 (log 2 - u - softplus(-2u))``."""
+    return 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))
+
+
+class ScaledTanhNormal(D.Distribution):
+    """``low + (high - low) (tanh(u) + 1) / 2`` with ``u ~ Normal(loc, scale)``, per entry.
+
+    Every sample lies strictly inside ``[low, high]``. The density of an action ``a``
+    (``y = (2a - high - low) / (high - low)``, ``u = atanh(y)``) is
+    ``Normal(loc, scale).pdf(u) / ((1 - y^2) (high - low) / 2)``: the tanh's and the
+    rescaling's Jacobians. ``y`` is clamped to ``(-1 + 1e-6, 1 - 1e-6)`` first, so actions on
+    the bounds keep a finite log-probability. There is no closed-form entropy:
+    :meth:`entropy` is the one-sample estimate ``-log p(a)``, ``a`` a reparameterized
+    sample (differentiable). Batch shape ``[*B, A]`` (wrap it in ``Independent(d, 1)`` for
+    one log-probability per action vector); ``low``/``high`` broadcast to ``loc``.
+
+    Examples:
+        >>> d = ScaledTanhNormal(torch.zeros(2, 1), torch.ones(2, 1), torch.tensor([-2.0]),
+        ...                      torch.tensor([2.0]))
+        >>> a = d.sample()
+        >>> bool(((a > -2) & (a < 2)).all()), d.mode.tolist()
+        (True, [[0.0], [0.0]])
+        >>> d.log_prob(torch.zeros(2, 1)).flatten().tolist()  # log N(0; 0, 1) - log 2
+        [-1.6120857000350952, -1.6120857000350952]
+    """
+
+    arg_constraints: dict = {}
+    has_rsample = True
+
+    def __init__(
+        self, loc: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, high: torch.Tensor
+    ) -> None:
+        self.loc, self.scale = loc, scale
+        self.mid = (high + low) / 2
+        self.half = (high - low) / 2
+        super().__init__(loc.shape, validate_args=False)
+
+    def _squash(self, u: torch.Tensor) -> torch.Tensor:
+        return self.mid + self.half * torch.tanh(u)
+
+    def _log_prob_pre(self, u: torch.Tensor) -> torch.Tensor:
+        """Log-density of the action ``squash(u)``, from the pre-tanh value ``u``."""
+        normal = D.Normal(self.loc, self.scale, validate_args=False)
+        return normal.log_prob(u) - _log_dtanh(u) - torch.log(self.half)
+
+    def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:  # noqa: B008
+        shape = self._extended_shape(sample_shape)
+        u = self.loc + self.scale * torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
+        return self._squash(u)
+
+    def sample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:  # noqa: B008
+        with torch.no_grad():
+            return self.rsample(sample_shape)
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        y = ((value - self.mid) / self.half).clamp(-1 + TANH_EPS, 1 - TANH_EPS)
+        return self._log_prob_pre(torch.atanh(y))
+
+    def entropy(self) -> torch.Tensor:
+        u = self.loc + self.scale * torch.randn_like(self.loc)
+        return -self._log_prob_pre(u)
+
+    @property
+    def mode(self) -> torch.Tensor:
+        """The squashed, rescaled mean ``squash(loc)`` (the greedy action)."""
+        return self._squash(self.loc)
+
+
+def squashed_gaussian(
+    loc: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, high: torch.Tensor
+) -> D.Independent:
+    """:class:`ScaledTanhNormal` with the action dim as the event: ``log_prob`` ``[*B]``."""
+    return D.Independent(ScaledTanhNormal(loc, scale, low, high), 1, validate_args=False)
+
+
+class GaussianParams(nn.Module):
+    """``x -> (loc, scale)`` of a Gaussian over ``n_actions`` entries.
+
+    Args:
+        n_actions: ``A``.
+        state_scale: the scale is learned per state (``x`` is ``[*B, 2A]``: means, then
+            log-stds); else ``x`` is ``[*B, A]`` (the means) and the log-std is one learned
+            parameter per action entry, initialized to ``init_log_std``.
+
+    The log-std is clamped to ``[LOG_STD_MIN, LOG_STD_MAX]`` = ``[-5, 2]``.
+
+    Examples:
+        >>> loc, scale = GaussianParams(3)(torch.zeros(4, 3))
+        >>> loc.shape, scale.shape, scale[0, 0].item()
+        (torch.Size([4, 3]), torch.Size([4, 3]), 1.0)
+    """
+
+    def __init__(self, n_actions: int, state_scale: bool = False, init_log_std: float = 0.0):
+        super().__init__()
+        self.n_actions = n_actions
+        self.log_std = (
+            None if state_scale else nn.Parameter(torch.full((n_actions,), float(init_log_std)))
+        )
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.log_std is None:
+            loc, log_std = x.chunk(2, dim=-1)
+        else:
+            loc, log_std = x, self.log_std.expand_as(x)
+        return loc, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX).exp()
+
+
+class TanhNormalSampler(nn.Module):
+    """``(loc, scale) -> (action, sample_log_prob)``: a sample (or the mode) of
+    :class:`ScaledTanhNormal` in ``[low, high]``; action ``[*B, A]``, log-prob ``[*B]``.
+
+    The log-probability is computed from the action (as the loss recomputes it), so the
+    first PPO ratio is exactly 1.
+    """
+
+    def __init__(self, low: torch.Tensor, high: torch.Tensor, deterministic: bool = False) -> None:
+        super().__init__()
+        self.low, self.high = low, high
+        self.deterministic = deterministic
+
+    def forward(self, loc: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dist = squashed_gaussian(loc, scale, self.low, self.high)
+        action = dist.base_dist.mode if self.deterministic else dist.sample()
+        return action, dist.log_prob(action)
+
+
 def _trunk(cfg: ModelConfig, obs_dim: int, name: str, obs_key: str = OBS_KEY) -> nn.Module:
     """A trunk reading ``obs_key`` (default ``"observation"``) and writing
     ``f"{name}_features"``.
@@ -111,34 +255,83 @@ class ObsScale(nn.Module):
 
 
 class ActorCritic(nn.Module):
-    """Actor (trunk + logits head) and critic (trunk + value head) of a discrete policy.
+    """Actor (trunk + policy head) and critic (trunk + value head).
 
     Args:
+        n_actions: discrete actions, or the size ``A`` of a continuous action.
         obs_scale: with a value other than 1, both trunks read ``"scaled_observation"`` =
             ``obs_scale * "observation"``.
+        action_bounds: ``(low, high)``, each ``[A]`` and finite, for a continuous action
+            (a gymnasium ``Box``): the policy is then a tanh-squashed Gaussian rescaled to
+            ``[low, high]`` (:class:`ScaledTanhNormal`), its scale one learned parameter
+            per entry or, with ``cfg.action_std="state"``, an output of the head. ``None``:
+            a categorical policy over ``n_actions``.
 
     Attributes:
-        actor: writes ``"logits"`` ``[*B, n_actions]``.
+        actor: writes ``"logits"`` ``[*B, n_actions]``, or ``"loc"`` and ``"scale"``
+            ``[*B, A]`` (the Gaussian's, before the tanh).
         critic: writes ``"state_value"`` ``[*B, 1]``.
 
     :meth:`policy` is what the collector runs: the actor, the critic's own recurrent trunk
     (so its hidden state is stored in the batch for the loss to restart from), and a
-    :class:`CategoricalSampler` writing ``"action"`` and ``"sample_log_prob"``.
+    :class:`CategoricalSampler` (or :class:`TanhNormalSampler`) writing ``"action"``
+    (``[*B]`` int, or ``[*B, A]`` float in the bounds) and ``"sample_log_prob"`` ``[*B]``.
+
+    Examples:
+        >>> from tensordict import TensorDict
+        >>> model = ActorCritic(ModelConfig(memory="none", hidden_size=8), 3, 1,
+        ...                     action_bounds=(torch.tensor([-2.0]), torch.tensor([2.0])))
+        >>> td = model.policy()(TensorDict(observation=torch.randn(4, 3), batch_size=[4]))
+        >>> td["action"].shape, td["sample_log_prob"].shape, bool(td["action"].abs().max() < 2)
+        (torch.Size([4, 1]), torch.Size([4]), True)
     """
 
     def __init__(
-        self, cfg: ModelConfig, obs_dim: int, n_actions: int, *, obs_scale: float = 1.0
+        self,
+        cfg: ModelConfig,
+        obs_dim: int,
+        n_actions: int,
+        *,
+        obs_scale: float = 1.0,
+        action_bounds: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
+        self.continuous = action_bounds is not None
+        if action_bounds is not None:
+            low, high = (torch.as_tensor(b, dtype=torch.float32) for b in action_bounds)
+            if low.shape != (n_actions,) or high.shape != (n_actions,):
+                raise ValueError(
+                    f"ActorCritic: action_bounds must be two [{n_actions}] tensors "
+                    f"(n_actions={n_actions}), received shapes {list(low.shape)} and "
+                    f"{list(high.shape)}."
+                )
+            finite = torch.isfinite(low).all() and torch.isfinite(high).all()
+            if not (finite and (low < high).all()):
+                raise ValueError(
+                    f"ActorCritic: action_bounds must be finite with low < high, received "
+                    f"low={low.tolist()}, high={high.tolist()}. Fix: rescale the action space "
+                    f"(gymnasium.wrappers.RescaleAction) and register the wrapped env."
+                )
+            # not in the state_dict: they come from the env
+            self.register_buffer("action_low", low, persistent=False)
+            self.register_buffer("action_high", high, persistent=False)
         width = cfg.hidden_size
         key = OBS_KEY if obs_scale == 1.0 else "scaled_observation"
         pre = [] if key == OBS_KEY else [Mod(ObsScale(obs_scale), [OBS_KEY], [key])]
         actor_trunk = _trunk(cfg, obs_dim, "actor", key)
         critic_trunk = actor_trunk if cfg.shared_trunk else _trunk(cfg, obs_dim, "critic", key)
         a_feat, c_feat = actor_trunk.out_keys[0], critic_trunk.out_keys[0]
-        self.actor = Seq(
-            *pre, actor_trunk, Mod(MLP(width, n_actions, num_cells=width), [a_feat], ["logits"])
-        )
+        if self.continuous:
+            state_scale = cfg.action_std == "state"
+            outs = 2 * n_actions if state_scale else n_actions
+            head = nn.Sequential(
+                MLP(width, outs, num_cells=width), GaussianParams(n_actions, state_scale)
+            )
+            self.actor = Seq(*pre, actor_trunk, Mod(head, [a_feat], ["loc", "scale"]))
+        else:
+            self.actor = Seq(
+                *pre, actor_trunk, Mod(MLP(width, n_actions, num_cells=width), [a_feat], ["logits"])
+            )
         self.critic = Seq(
             *pre, critic_trunk, Mod(MLP(width, 1, num_cells=width), [c_feat], ["state_value"])
         )
@@ -146,8 +339,40 @@ class ActorCritic(nn.Module):
         self._carry_critic = cfg.memory != "none" and not cfg.shared_trunk
 
     def policy(self, deterministic: bool = False) -> Seq:
-        """The acting module; ``deterministic`` takes the most likely action."""
-        sampler = Mod(CategoricalSampler(deterministic), ["logits"], ["action", "sample_log_prob"])
+        """The acting module; ``deterministic`` takes the most likely action (continuous: the
+        squashed, rescaled mean)."""
+        if self.continuous:
+            tanh = TanhNormalSampler(self.action_low, self.action_high, deterministic)
+            sampler = Mod(tanh, ["loc", "scale"], ["action", "sample_log_prob"])
+        else:
+            sampler = Mod(
+                CategoricalSampler(deterministic), ["logits"], ["action", "sample_log_prob"]
+            )
         if self._carry_critic and not deterministic:
             return Seq(self.actor, self.critic[self._critic_trunk_at], sampler)
         return Seq(self.actor, sampler)
+
+    def distribution(self, loc: torch.Tensor, scale: torch.Tensor) -> D.Distribution:
+        """The continuous policy's distribution (:func:`squashed_gaussian`) for the actor's
+        ``"loc"`` and ``"scale"`` ``[*B, A]``; ``log_prob`` of an action ``[*B, A]`` is ``[*B]``."""
+        if not self.continuous:
+            raise ValueError(
+                "ActorCritic.distribution: this model has a discrete action (its actor writes "
+                "'logits'). Fix: build it with action_bounds for a continuous action."
+            )
+        return squashed_gaussian(loc, scale, self.action_low, self.action_high)
+
+
+def actor_critic(cfg: TrainConfig, env) -> ActorCritic:
+    """The :class:`ActorCritic` of ``cfg`` for ``env`` (from :func:`make_env`): categorical for
+    a discrete action spec, squashed Gaussian in the spec's bounds for a bounded float one."""
+    obs_dim = env.observation_spec[OBS_KEY].shape[-1]
+    spec = env.action_spec
+    if isinstance(spec, specs.Bounded) and spec.dtype.is_floating_point:
+        low, high = spec.low, spec.high
+        n_actions = spec.shape[-1]
+        return ActorCritic(
+            cfg.model, obs_dim, n_actions, obs_scale=cfg.ppo.obs_scale,
+            action_bounds=(low.reshape(-1, n_actions)[0], high.reshape(-1, n_actions)[0]),
+        )  # fmt: skip
+    return ActorCritic(cfg.model, obs_dim, spec.n, obs_scale=cfg.ppo.obs_scale)

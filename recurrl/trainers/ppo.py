@@ -36,11 +36,24 @@ from recurrl.trainers import checkpoint as ckpt
 from recurrl.trainers.collection import make_collector, next_batch
 from recurrl.trainers.config import TrainConfig
 from recurrl.trainers.logger import MetricsLogger, plot_learning_curve
-from recurrl.trainers.models import ActorCritic, make_env
+from recurrl.trainers.models import ActorCritic, actor_critic, make_env
 
 __all__ = ["PPOTrainer", "train"]
 
 RECENT_EPISODES = 20  # the progress line's return: mean of the last completed episodes
+
+
+class _SquashedGaussianPPOLoss(ClipPPOLoss):
+    """:class:`ClipPPOLoss` for the continuous :class:`ActorCritic`: the distribution is its
+    tanh-squashed Gaussian rescaled to the action bounds (log-probabilities of the actions the
+    env received, tanh and rescaling Jacobians included; a one-sample entropy estimate)."""
+
+    def __init__(self, model: ActorCritic, **kwargs: Any) -> None:
+        super().__init__(model.actor, model.critic, **kwargs)
+        self._distribution = model.distribution  # a bound method, not a second submodule
+
+    def get_distribution(self, params: TensorDictBase) -> torch.distributions.Distribution:
+        return self._distribution(params.get("loc"), params.get("scale"))
 
 
 def _loss_terms(loss: ClipPPOLoss, minibatch: TensorDictBase) -> tuple[torch.Tensor, dict]:
@@ -101,17 +114,17 @@ class PPOTrainer:
             torch.set_num_threads(cfg.run.num_threads)
         ckpt.seed_everything(cfg.run.seed)
         self.env = make_env(cfg.env, seed=cfg.run.seed)
-        obs_dim = self.env.observation_spec["observation"].shape[-1]
-        n_actions = self.env.action_spec.n
-        self.model = ActorCritic(cfg.model, obs_dim, n_actions, obs_scale=cfg.ppo.obs_scale)
-        self.model = self.model.to(self.device)
+        self.model = actor_critic(cfg, self.env).to(self.device)
         p = cfg.ppo
         self.gae = GAE(p.gamma, p.gae_lambda, self.model.critic)
-        self.loss = ClipPPOLoss(
-            self.model.actor, self.model.critic, clip_epsilon=p.clip_epsilon,
-            entropy_coef=p.entropy_coef, critic_coef=p.critic_coef,
+        terms = dict(
+            clip_epsilon=p.clip_epsilon, entropy_coef=p.entropy_coef, critic_coef=p.critic_coef,
             normalize_advantage=p.normalize_advantage,
         )  # fmt: skip
+        if self.model.continuous:
+            self.loss = _SquashedGaussianPPOLoss(self.model, **terms)
+        else:
+            self.loss = ClipPPOLoss(self.model.actor, self.model.critic, **terms)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=p.lr, eps=1e-5)
         self.collector = make_collector(
             cfg, self.env, self.model.policy(), frames_per_batch=p.frames_per_batch,

@@ -61,8 +61,16 @@ def test_minibatches_must_split_rows_or_slices():
 
 
 def test_discrete_algo_rejects_continuous_actions():
-    with pytest.raises(ValueError, match="Discrete action space"):
-        TrainConfig(env=EnvConfig(env="Pendulum-v1"))
+    with pytest.raises(ValueError, match="Discrete action space") as info:
+        TrainConfig(algo="dqn", env=EnvConfig(env="Pendulum-v1"))
+    assert "Fix: --algo ppo" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_ppo_accepts_continuous_actions():
+    cfg = TrainConfig(env=EnvConfig(env="Pendulum-masked"), model=ModelConfig(action_std="state"))
+    assert cfg.env.gym_id() == "Pendulum-v1" and cfg.env.mask() == [0, 1]
+    with pytest.raises(ValueError, match="action_std must be 'parameter' or 'state'"):
+        ModelConfig(action_std="learned")
 
 
 @pytest.mark.parametrize(
