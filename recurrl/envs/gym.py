@@ -30,7 +30,7 @@ from recurrl.envs.specs import (
 )
 from recurrl.envs.utils import tensordict_of_checked
 
-__all__ = ["ENV_ID_PACKAGES", "GymEnv", "import_env_package", "space_to_spec"]
+__all__ = ["ENV_ID_PACKAGES", "GymEnv", "import_env_package", "space_to_spec", "split_env_id"]
 
 _RESERVED_KEYS = {"action", "reward", "done", "terminated", "truncated", "next", "_reset"}
 
@@ -41,32 +41,79 @@ ENV_ID_PACKAGES: dict[str, tuple[str, str]] = {
 }
 
 
+def split_env_id(env_id: str) -> tuple[str | None, str]:
+    """``"module:EnvId"`` -> ``("module", "EnvId")``; a plain id -> ``(None, id)``.
+
+    ``module:EnvId`` is gymnasium's own spelling for an env of a package that registers its
+    ids on import (``gymnasium.make("minigrid:MiniGrid-MemoryS7-v0")`` imports ``minigrid``
+    first); ``gymnasium.spec`` and the registry know only the part after the colon.
+
+    Raises:
+        ValueError: more than one colon, or an empty or non-identifier module part.
+
+    Examples:
+        >>> split_env_id("minigrid:MiniGrid-MemoryS7-v0")
+        ('minigrid', 'MiniGrid-MemoryS7-v0')
+        >>> split_env_id("CartPole-v1")
+        (None, 'CartPole-v1')
+    """
+    if ":" not in env_id:
+        return None, env_id
+    module, _, name = env_id.partition(":")
+    valid = all(part.isidentifier() for part in module.split("."))
+    if not valid or not name or ":" in name:
+        raise ValueError(
+            f"env id {env_id!r}: expected 'module:EnvId' (one colon, an importable module "
+            f"name before it, a registered id after it), e.g. "
+            f"'minigrid:MiniGrid-MemoryS7-v0'."
+        )
+    return module, name
+
+
 def import_env_package(env_id: str) -> None:
     """Import the package that registers ``env_id`` with gymnasium, if it is not imported.
 
-    Ids of other packages exist only once their package is imported; for the prefixes of
+    Ids of other packages exist only once their package is imported. ``"module:EnvId"``
+    (gymnasium's spelling) imports ``module``; for the prefixes of
     :data:`ENV_ID_PACKAGES` (e.g. ``popgym-``) this is done on first use. Other ids are
     left alone.
 
     Raises:
-        ModuleNotFoundError: the package is not installed (the message names the extra).
+        ModuleNotFoundError: the package is not installed (the message names what to
+            install: the extra, or ``pip install <module>``).
+        ValueError: a malformed ``module:EnvId`` (see :func:`split_env_id`).
 
     Examples:
         >>> import_env_package("CartPole-v1")  # a gymnasium id: nothing to import
+        >>> import_env_package("gymnasium.envs.classic_control:CartPole-v1")
     """
-    for prefix, (module, requirement) in ENV_ID_PACKAGES.items():
-        if not env_id.startswith(prefix) or module in sys.modules:
-            continue
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            if err.name != module:
-                raise
-            raise ModuleNotFoundError(
-                f"env id {env_id!r} comes from the package {module!r}, which is not "
-                f'installed. Fix: pip install "{requirement}"',
-                name=module,
-            ) from err
+    module, name = split_env_id(env_id)
+    if module is not None:
+        what = f"env id {env_id!r} needs the module {module!r}"
+        top = module.split(".")[0]
+        _import(module, what, f"pip install {top} (or the package providing it)")
+        return
+    for prefix, (package, requirement) in ENV_ID_PACKAGES.items():
+        if name.startswith(prefix):
+            what = f"env id {env_id!r} comes from the package {package!r}"
+            _import(package, what, f'pip install "{requirement}"')
+
+
+def _import(module: str, what: str, fix: str) -> None:
+    """Import ``module`` (once); not installed -> ``ModuleNotFoundError`` with the pip hint."""
+    if module in sys.modules:
+        return
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        # only the module itself (or a parent package) missing: an import error inside it
+        # is the package's own, re-raised as is
+        if err.name is None or not (module == err.name or module.startswith(err.name + ".")):
+            raise
+        raise ModuleNotFoundError(
+            f"{what}, which is not installed. Fix: {fix}",
+            name=module,
+        ) from err
 
 
 def _torch_dtype(np_dtype: Any) -> torch.dtype:

@@ -22,7 +22,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 from tensordict import TensorDictBase
 
 from recurrl.envs.common import EnvBase
-from recurrl.envs.gym import GymEnv, import_env_package, tensor_to_numpy
+from recurrl.envs.gym import GymEnv, import_env_package, split_env_id, tensor_to_numpy
 from recurrl.envs.gym_async import DEFAULT_STEP_TIMEOUT, _AsyncVectorEnv
 from recurrl.envs.utils import get_reset_mask, reset_mask_any_all
 
@@ -72,7 +72,7 @@ def _make_vector(
 ) -> VectorEnv:
     import_env_package(env_id)
     try:
-        gymnasium.spec(env_id)
+        gymnasium.spec(split_env_id(env_id)[1])  # "module:EnvId": the id after the colon
     except gymnasium.error.Error as err:
         raise ValueError(
             f"GymVecEnv: gymnasium env id {env_id!r} was not found ({err}). List the "
