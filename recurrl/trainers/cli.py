@@ -1,4 +1,4 @@
-"""The ``recurrl`` command: ``recurrl train`` and ``recurrl eval``.
+"""The ``recurrl`` command: ``recurrl train``, ``recurrl eval`` and ``recurrl sweep``.
 
 The ``train`` options are generated from the config dataclasses of
 :mod:`recurrl.trainers.config` (one option per field, its docstring as help); the command
@@ -54,6 +54,7 @@ from recurrl.trainers.config import (
 from recurrl.trainers.errors import UsageError
 from recurrl.trainers.evaluate import CONFIG, evaluate, load_config, require_checkpoint
 from recurrl.trainers.run_lock import lock_run_dir
+from recurrl.trainers.sweep import add_sweep_parser, run_sweep, split_train_argv
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
@@ -120,11 +121,11 @@ def _add_fields(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``recurrl`` argument parser (``train`` and ``eval`` subcommands)."""
+    """The ``recurrl`` argument parser (``train``, ``eval`` and ``sweep`` subcommands)."""
     parser = argparse.ArgumentParser(
         prog="recurrl", description="Train and evaluate recurrent RL policies."
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,sweep}")
     train = sub.add_parser(
         "train",
         help="train a policy (default: PPO + LSTM on CartPole-masked; --algo dqn for DQN)",
@@ -160,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--sample", action="store_true", help="sample actions instead of the most likely one"
     )
+    add_sweep_parser(sub)
     return parser
 
 
@@ -521,10 +523,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     internal error and propagates (traceback, status 1).
     """
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    train_argv: list[str] = []
+    if argv[:1] == ["sweep"]:  # `recurrl sweep [options] -- <recurrl train options>`
+        argv, train_argv = split_train_argv(argv)
     args = _parse(parser, argv)
     signals = _Signals()
     try:
         with signals.installed(), _plain_warnings(f"recurrl {args.command}"):
+            if args.command == "sweep":
+                return run_sweep(args, train_argv)
             return _train(args, signals) if args.command == "train" else _eval(args)
     except UsageError as err:
         print(f"recurrl {args.command}: error: {' '.join(str(err).split())}", file=sys.stderr)

@@ -1,0 +1,505 @@
+"""``recurrl sweep``: one ``recurrl train`` configuration over many seeds, with statistics.
+
+Every (backend, seed) pair is one ``recurrl train`` subprocess (``python -m
+recurrl.trainers.cli train ...`` with one torch thread) in its own run directory
+``OUT/<backend>-s<seed>``, ``--jobs`` of them at a time; each finished run is then evaluated
+greedily (:func:`recurrl.trainers.evaluate.evaluate`, in a subprocess too, its returns kept
+in ``RUN_DIR/sweep_eval.json``). The sweep ends with ``OUT/summary.md`` and
+``OUT/summary.json``: per run the final training return and the greedy evaluation, per
+backend mean, median, interquartile mean with a 95% bootstrap confidence interval and the
+success rate (:mod:`recurrl.trainers.stats`), and ``OUT/returns.png`` (the training return
+over seeds: mean and min/max band) when matplotlib is installed.
+
+Running the same command again finishes what is missing: a finished run (checkpoint
+present, its metrics reach ``--frames``) is skipped, an unfinished one is continued with
+``recurrl train --resume``, a run without a checkpoint starts again. A run directory made
+with another configuration is refused before anything starts. Ctrl-C (or SIGTERM) asks
+every child to stop at its next batch boundary with a checkpoint, waits at most
+:data:`STOP_GRACE_S` seconds, then kills the rest.
+
+Examples:
+    >>> parse_seeds(["0-3", "7", "9,10"])
+    [0, 1, 2, 3, 7, 9, 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from recurrl.trainers.checkpoint import CHECKPOINT
+from recurrl.trainers.errors import UsageError
+
+__all__ = [
+    "EVAL_FILE",
+    "STOP_GRACE_S",
+    "add_sweep_parser",
+    "parse_seeds",
+    "run_sweep",
+    "split_train_argv",
+]
+
+EVAL_FILE = "sweep_eval.json"
+#: seconds the children get to checkpoint and exit after Ctrl-C before they are killed
+STOP_GRACE_S = 60.0
+#: ``recurrl train`` options the sweep sets itself (per run), refused after ``--``
+_OWN = ("--seed", "--run-dir", "--resume", "--num-threads", "--eval-episodes")
+_TAIL_LINES = 15
+
+
+def parse_seeds(items: Sequence[str]) -> list[int]:
+    """Seeds from ``"3"``, ``"0-9"`` (inclusive) or comma-separated items, in order, unique.
+
+    Raises:
+        UsageError: an item that is not a seed or a range ``A-B`` with ``A <= B``.
+    """
+    seeds: list[int] = []
+    for item in items:
+        for part in filter(None, item.split(",")):
+            m = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
+            if m is None or (m[2] is not None and int(m[2]) < int(m[1])):
+                raise UsageError(
+                    f"--seeds: expected seeds (e.g. 0 1 2) or ranges (e.g. 0-9), received "
+                    f"{part!r}. Fix: --seeds 0-9."
+                )
+            lo, hi = int(m[1]), int(m[2] if m[2] is not None else m[1])
+            seeds += [s for s in range(lo, hi + 1) if s not in seeds]
+    return seeds
+
+
+def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``sweep`` subcommand to the ``recurrl`` subparsers ``sub``."""
+    sweep = sub.add_parser(
+        "sweep",
+        help="train one configuration over many seeds and summarize (IQM, bootstrap CI)",
+        description="Run `recurrl train` over many seeds (and recurrent backends), JOBS at a "
+        "time, evaluate every run greedily and write OUT/summary.md and OUT/summary.json. "
+        "Options of `recurrl train` come after `--`, e.g. `recurrl sweep --seeds 0-9 -- "
+        "--memory gru --frames 50000`. Running the same command again finishes what is "
+        "missing.",
+    )
+    sweep.add_argument(
+        "--seeds", nargs="+", default=["0-4"], metavar="SEED",
+        help="seeds: numbers and inclusive ranges, e.g. 0-9 or 0 1 2 (default: 0-4)",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--jobs", type=int, default=None,
+        help="runs at a time, one CPU core each (default: the number of cores)",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--out", default=None,
+        help="directory of the runs and the summary (default: sweeps/<env>-<algo>-<memory>)",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--threshold", type=float, default=450.0,
+        help="a run succeeds when its greedy evaluation return reaches this (default: 450)",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--eval-episodes", type=int, default=20,
+        help="greedy evaluation episodes per run (default: 20)",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--backends", nargs="+", choices=["auto", "pad", "scan"], default=None,
+        help="run every seed under each of these --recurrent-backend values (default: the "
+        "one of the train options, auto)",
+    )  # fmt: skip
+    return sweep
+
+
+@dataclasses.dataclass
+class _Run:
+    backend: str
+    seed: int
+    run_dir: Path
+    train_argv: list[str]
+    frames: int
+    state: str = "new"  # new, resume, done, failed
+    error: str | None = None
+    started: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+
+def split_train_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(sweep options, train options)`` of ``sweep ... -- <train options>``."""
+    if "--" not in argv:
+        return argv, []
+    i = argv.index("--")
+    return argv[:i], argv[i + 1 :]
+
+
+def _plan(args: argparse.Namespace, train_argv: list[str]) -> tuple[Path, list[_Run]]:
+    from recurrl.trainers.cli import build_parser, config_from_args
+
+    for flag in train_argv:
+        if flag.split("=")[0] in _OWN:
+            raise UsageError(
+                f"recurrl sweep sets {flag.split('=')[0]} of every run itself; received it "
+                f"after --. Fix: drop it (seeds: --seeds, evaluation: --eval-episodes, "
+                f"directory: --out)."
+            )
+    if args.backends and any(f.split("=")[0] == "--recurrent-backend" for f in train_argv):
+        raise UsageError(
+            "--backends and --recurrent-backend (after --) both set the recurrent backend. "
+            "Fix: keep one of them."
+        )
+    parser = build_parser()
+    try:
+        base = config_from_args(parser.parse_args(["train", *train_argv]))
+    except SystemExit as err:  # argparse already printed what is wrong
+        raise UsageError("the `recurrl train` options after -- are invalid (above).") from err
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, received {args.jobs}. Fix: --jobs 1.")
+    if args.eval_episodes < 0:
+        raise UsageError(f"--eval-episodes must be >= 0, received {args.eval_episodes}.")
+    out = Path(args.out or Path("sweeps") / f"{base.env.env}-{base.algo}-{base.model.memory}")
+    backends = args.backends or [base.model.recurrent_backend]
+    runs = []
+    for backend in dict.fromkeys(backends):
+        for seed in parse_seeds(args.seeds):
+            run_dir = out / f"{backend}-s{seed}"
+            argv = [
+                *train_argv, "--seed", str(seed), "--recurrent-backend", backend,
+                "--num-threads", "1", "--eval-episodes", "0",
+            ]  # fmt: skip
+            cfg = config_from_args(parser.parse_args(["train", *argv, "--run-dir", str(run_dir)]))
+            frames = getattr(cfg, cfg.algo).frames
+            run = _Run(backend, seed, run_dir, argv, frames)
+            run.state = _state(run, cfg)
+            runs.append(run)
+    return out, runs
+
+
+def _state(run: _Run, cfg: Any) -> str:
+    """``new`` / ``resume`` / ``done`` for an existing or missing run directory; a
+    :class:`UsageError` for a directory of another configuration."""
+    from recurrl.trainers.config import resume_conflicts
+    from recurrl.trainers.errors import CheckpointError
+    from recurrl.trainers.evaluate import CONFIG, load_config
+    from recurrl.trainers.logger import read_metrics
+
+    d = run.run_dir
+    if not (d / CONFIG).exists():
+        if d.exists() and not d.is_dir():
+            raise UsageError(f"{d} is a file, expected a run directory. Fix: another --out.")
+        return "new"
+    fix = (
+        f"Fix: another --out for this configuration, or remove {d} (or the options that "
+        f"differ) to sweep it again."
+    )
+    try:
+        saved = load_config(d)
+    except CheckpointError as err:
+        raise UsageError(f"{d} is a run directory of the sweep, but {err}") from err
+    conflicts = resume_conflicts(saved.to_dict(), cfg.to_dict())
+    if conflicts:
+        changed = "; ".join(f"{n}: the run has {old!r}, the sweep {new!r}" for n, old, new in
+                            conflicts)  # fmt: skip
+        raise UsageError(f"{d} holds a run of another configuration ({changed}). {fix}")
+    if not (d / CHECKPOINT).exists():
+        return "new"  # stopped before its first checkpoint: starts again
+    rows = read_metrics(d)
+    done = int(rows[-1]["frames"]) if rows else 0
+    if done > run.frames:
+        raise UsageError(
+            f"{d} has trained {done} frames, more than the sweep's --frames {run.frames}. {fix}"
+        )
+    return "done" if done >= run.frames else "resume"
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[var] = "1"
+    return env
+
+
+def _tail(path: Path, lines: int = _TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _eval_done(run: _Run, episodes: int) -> bool:
+    try:
+        data = json.loads((run.run_dir / EVAL_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return data.get("episodes") == episodes and data.get("frames") == run.frames
+
+
+def _commands(run: _Run, episodes: int) -> list[list[str]]:
+    """The subprocesses still missing for ``run`` (train or resume, then evaluate)."""
+    py = [sys.executable, "-m"]
+    cmds = []
+    if run.state == "new":
+        cmds.append([*py, "recurrl.trainers.cli", "train", *run.train_argv, "--run-dir",
+                     str(run.run_dir)])  # fmt: skip
+    elif run.state == "resume":
+        cmds.append([*py, "recurrl.trainers.cli", "train", "--resume", str(run.run_dir),
+                     *run.train_argv])  # fmt: skip
+    if episodes and (cmds or not _eval_done(run, episodes)):
+        cmds.append([*py, "recurrl.trainers.sweep", "--evaluate", str(run.run_dir),
+                     str(episodes), str(run.frames)])  # fmt: skip
+    return cmds
+
+
+class _Job:
+    """The remaining commands of one run, run one after the other."""
+
+    def __init__(self, run: _Run, cmds: list[list[str]], logs: Path) -> None:
+        self.run, self.cmds, self.logs = run, cmds, logs
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.err_path = logs / f"{run.name}.err"
+
+    def start_next(self) -> bool:
+        if not self.cmds:
+            return False
+        cmd = self.cmds.pop(0)
+        mode = "ab"
+        with (
+            (self.logs / f"{self.run.name}.out").open(mode) as out,
+            self.err_path.open(mode) as err,
+        ):
+            err.write(f"$ {' '.join(cmd[2:])}\n".encode())
+            err.flush()
+            self.proc = subprocess.Popen(
+                cmd, stdout=out, stderr=err, env=_env(), start_new_session=True
+            )  # own session: a terminal's Ctrl-C reaches the sweep, which stops the children
+        return True
+
+
+def _run_jobs(runs: list[_Run], out: Path, jobs: int, episodes: int) -> int | None:
+    """Run the missing commands; the signal number when interrupted, else None."""
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    pending = [_Job(r, c, logs) for r in runs if (c := _commands(r, episodes))]
+    for r in runs:
+        if not any(j.run is r for j in pending):
+            print(f"{r.name}: done, skipped", flush=True)
+    active: list[_Job] = []
+    try:
+        while pending or active:
+            while pending and len(active) < jobs:
+                job = pending.pop(0)
+                verb = {"new": "training", "resume": "resuming", "done": "evaluating"}
+                print(f"{job.run.name}: {verb[job.run.state]}", flush=True)
+                job.start_next()
+                active.append(job)
+            time.sleep(0.1)
+            for job in list(active):
+                assert job.proc is not None
+                rc = job.proc.poll()
+                if rc is None:
+                    continue
+                if rc != 0:
+                    job.run.state = "failed"
+                    job.run.error = f"exit status {rc}:\n{_tail(job.err_path)}"
+                    print(
+                        f"{job.run.name} (seed {job.run.seed}, backend {job.run.backend}) "
+                        f"failed with exit status {rc}; the end of its stderr "
+                        f"({job.err_path}):\n{_tail(job.err_path)}",
+                        file=sys.stderr, flush=True,
+                    )  # fmt: skip
+                    active.remove(job)
+                elif not job.start_next():
+                    job.run.state = "done"
+                    print(f"{job.run.name}: finished", flush=True)
+                    active.remove(job)
+    except KeyboardInterrupt as err:
+        signum = getattr(err, "signum", signal.SIGINT)
+        _stop([j.proc for j in active if j.proc is not None])
+        return int(signum)
+    return None
+
+
+def _stop(procs: list[subprocess.Popen[bytes]], grace: float | None = None) -> None:
+    """SIGINT each child (it checkpoints at its next batch boundary), wait at most
+    ``grace`` seconds, then SIGKILL what is left."""
+    grace = STOP_GRACE_S if grace is None else grace
+    live = [p for p in procs if p.poll() is None]
+    print(f"stopping {len(live)} run(s) (at most {grace:.0f} s)...", file=sys.stderr, flush=True)
+    for p in live:
+        with contextlib.suppress(ProcessLookupError):  # exited meanwhile
+            p.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + grace
+    for p in live:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _final_return(run_dir: Path) -> float | None:
+    from recurrl.trainers.logger import read_metrics
+
+    values = [r["recent_return"] for r in read_metrics(run_dir) if r.get("recent_return")]
+    return float(values[-1]) if values else None
+
+
+def _eval_returns(run: _Run) -> list[float] | None:
+    try:
+        return [float(v) for v in json.loads((run.run_dir / EVAL_FILE).read_text())["returns"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _summarize(runs: list[_Run], out: Path, args: argparse.Namespace, train_argv: list[str],
+               ) -> dict[str, Any]:  # fmt: skip
+    from recurrl.trainers.logger import plot_seed_bands
+    from recurrl.trainers.stats import summarize
+
+    rows, missing = [], []
+    for r in runs:
+        finished = r.state == "done"
+        returns = _eval_returns(r) if finished and args.eval_episodes else None
+        row = {
+            "backend": r.backend, "seed": r.seed, "run_dir": str(r.run_dir), "state": r.state,
+            "final_train_return": _final_return(r.run_dir) if finished else None,
+            "eval_mean": sum(returns) / len(returns) if returns else None,
+            "eval_returns": returns, "error": r.error,
+        }  # fmt: skip
+        rows.append(row)
+        if not finished:
+            missing.append(row)
+    per_backend: dict[str, Any] = {}
+    for backend in dict.fromkeys(r.backend for r in runs):
+        mine = [row for row in rows if row["backend"] == backend and row["state"] == "done"]
+        evals = [row["eval_mean"] for row in mine if row["eval_mean"] is not None]
+        trains = [row["final_train_return"] for row in mine if row["final_train_return"] is not
+                  None]  # fmt: skip
+        per_backend[backend] = {
+            "runs": len(mine),
+            "eval": summarize(evals, threshold=args.threshold).to_dict() if evals else None,
+            "train": summarize(trains).to_dict() if trains else None,
+        }
+    plot, note = None, None
+    groups = {
+        b: [r.run_dir for r in runs if r.backend == b and r.state == "done"] for b in per_backend
+    }
+    groups = {b: dirs for b, dirs in groups.items() if dirs}
+    if groups:
+        try:
+            path = plot_seed_bands(groups, out / "returns.png", target=args.threshold,
+                                   title=" ".join(train_argv))  # fmt: skip
+        except ValueError as err:  # runs without a logged return yet
+            path, note = None, f"no plot: {err}"
+        if path is None and note is None:
+            note = 'no plot: matplotlib is not installed (pip install "recurrl[train]").'
+        plot = None if path is None else path.name
+    summary = {
+        "train_options": train_argv, "seeds": sorted({r.seed for r in runs}),
+        "backends": list(per_backend), "threshold": args.threshold,
+        "eval_episodes": args.eval_episodes, "runs": rows, "per_backend": per_backend,
+        "missing": [f"{m['backend']}-s{m['seed']} ({m['state']})" for m in missing],
+        "plot": plot, "note": note,
+    }  # fmt: skip
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "summary.md").write_text(_markdown(summary))
+    return summary
+
+
+def _num(v: Any) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _markdown(s: dict[str, Any]) -> str:
+    lines = [
+        "# recurrl sweep", "",
+        f"train options: `{' '.join(s['train_options']) or '(defaults)'}`; seeds "
+        f"{s['seeds']}; greedy evaluation over {s['eval_episodes']} episodes; success: a "
+        f"greedy return >= {s['threshold']:g}.", "",
+        "## Per backend", "",
+        "IQM: interquartile mean (mean of the middle 50% of the seeds), with a 95% percentile "
+        "bootstrap confidence interval over the seeds.", "",
+        "| backend | runs | eval mean | eval median | eval IQM [95% CI] | success rate | "
+        "train IQM [95% CI] |",
+        "|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for b, st in s["per_backend"].items():
+        e, t = st["eval"] or {}, st["train"] or {}
+        iqm = f"{_num(e.get('iqm'))} [{_num(e.get('ci_low'))}, {_num(e.get('ci_high'))}]"
+        tiqm = f"{_num(t.get('iqm'))} [{_num(t.get('ci_low'))}, {_num(t.get('ci_high'))}]"
+        rate = "-" if e.get("success_rate") is None else f"{e['success_rate']:.0%}"
+        lines.append(f"| {b} | {st['runs']} | {_num(e.get('mean'))} | {_num(e.get('median'))} "
+                     f"| {iqm} | {rate} | {tiqm} |")  # fmt: skip
+    lines += ["", "## Per run", "", "| run | seed | state | final train return | greedy eval |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for r in s["runs"]:
+        lines.append(f"| {r['backend']}-s{r['seed']} | {r['seed']} | {r['state']} | "
+                     f"{_num(r['final_train_return'])} | {_num(r['eval_mean'])} |")  # fmt: skip
+    lines.append("")
+    if s["missing"]:
+        lines += [f"Missing: {', '.join(s['missing'])}. Run the same command again to finish "
+                  f"them.", ""]  # fmt: skip
+    if s["plot"]:
+        lines += [f"![training return over seeds]({s['plot']})", ""]
+    if s["note"]:
+        lines += [s["note"], ""]
+    return "\n".join(lines)
+
+
+def run_sweep(args: argparse.Namespace, train_argv: list[str]) -> int:
+    """Run the sweep of parsed ``sweep`` arguments; the exit status (0: every run finished;
+    1: a run failed; ``128 + signum``: interrupted)."""
+    from recurrl.trainers.stats import _scipy_stats
+
+    try:
+        _scipy_stats()  # before hours of training, not after
+    except ImportError as err:
+        raise UsageError(str(err)) from err
+    out, runs = _plan(args, train_argv)
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = args.jobs or os.cpu_count() or 1
+    print(f"sweep: {len(runs)} run(s) in {out}, {jobs} at a time", flush=True)
+    signum = _run_jobs(runs, out, jobs, args.eval_episodes)
+    summary = _summarize(runs, out, args, train_argv)
+    print(f"summary: {out / 'summary.md'}", flush=True)
+    if signum is not None:
+        print(f"interrupted; run the same command again to finish: {', '.join(summary['missing'])}",
+              file=sys.stderr)  # fmt: skip
+        return 128 + signum
+    failed = [r for r in runs if r.state == "failed"]
+    if failed:
+        names = ", ".join(f"seed {r.seed} ({r.backend})" for r in failed)
+        print(f"recurrl sweep: {len(failed)} run(s) failed: {names}; the summary covers the "
+              f"{len(runs) - len(failed)} finished run(s).", file=sys.stderr)  # fmt: skip
+        return 1
+    return 0
+
+
+def _evaluate_main(run_dir: str, episodes: int, frames: int) -> None:
+    """Child of the sweep: evaluate a run greedily and write ``RUN_DIR/sweep_eval.json``."""
+    import torch
+
+    from recurrl.trainers.evaluate import evaluate
+
+    torch.set_num_threads(1)
+    returns = evaluate(run_dir, episodes=episodes)
+    path = Path(run_dir) / EVAL_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"episodes": episodes, "frames": frames, "returns": returns}))
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--evaluate":
+        _evaluate_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    else:
+        sys.exit("usage: python -m recurrl.trainers.sweep --evaluate RUN_DIR EPISODES FRAMES")
