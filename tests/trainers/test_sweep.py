@@ -1,0 +1,197 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from recurrl.trainers.cli import build_parser, main
+from recurrl.trainers.errors import UsageError
+from recurrl.trainers.evaluate import load_config
+from recurrl.trainers.logger import read_metrics
+from recurrl.trainers.sweep import EVAL_FILE, _plan, _stop, parse_seeds, split_train_argv
+
+from ._helpers import parse_train
+
+pytest.importorskip("scipy")
+
+# tiny runs (as TINY in test_checkpoint.py): a run is a few seconds
+TINY = [
+    "--num-envs", "2", "--frames", "256", "--frames-per-batch", "128", "--num-minibatches", "2",
+    "--epochs", "2", "--hidden-size", "8", "--quiet", "--no-plot", "--no-tensorboard",
+    "--max-episode-steps", "30",
+]  # fmt: skip
+
+
+def _sweep(out, *options: str, train=TINY) -> list[str]:
+    return ["sweep", "--out", str(out), "--jobs", "2", *options, "--", *train]
+
+
+def _mtimes(out) -> dict[str, float]:
+    return {
+        p.relative_to(out).as_posix(): p.stat().st_mtime_ns
+        for p in out.glob("*/*")
+        if p.name in ("checkpoint.pt", "metrics.csv", EVAL_FILE)
+    }
+
+
+def test_parse_seeds():
+    assert parse_seeds(["0-3"]) == [0, 1, 2, 3]
+    assert parse_seeds(["0", "1", "2"]) == [0, 1, 2]
+    assert parse_seeds(["5,1-2", "2", "7-7"]) == [5, 1, 2, 7]
+    for bad in (["3-1"], ["a"], ["-1"], ["1-"]):
+        with pytest.raises(UsageError, match="--seeds"):
+            parse_seeds(bad)
+
+
+def test_split_train_argv():
+    assert split_train_argv(["sweep", "--seeds", "0", "--", "--frames", "9"]) == (
+        ["sweep", "--seeds", "0"], ["--frames", "9"]
+    )  # fmt: skip
+    assert split_train_argv(["sweep"]) == (["sweep"], [])
+
+
+def test_plan_runs_every_seed_under_each_backend(tmp_path):
+    args = build_parser().parse_args(
+        ["sweep", "--seeds", "0-1", "--backends", "pad", "scan", "--out", str(tmp_path)]
+    )
+    out, runs = _plan(args, ["--memory", "gru", "--frames", "2000"])
+    assert out == tmp_path
+    assert [r.name for r in runs] == ["pad-s0", "pad-s1", "scan-s0", "scan-s1"]
+    assert all(r.state == "new" and r.frames == 2000 for r in runs)
+    cfg = parse_train(*runs[3].train_argv)
+    assert (cfg.model.recurrent_backend, cfg.run.seed, cfg.model.memory) == ("scan", 1, "gru")
+    assert (cfg.run.num_threads, cfg.run.eval_episodes) == (1, 0)
+    # default out: named after the configuration, so the same command finds it again
+    args = build_parser().parse_args(["sweep", "--seeds", "3"])
+    out, runs = _plan(args, ["--algo", "dqn"])
+    assert out.as_posix() == "sweeps/CartPole-masked-dqn-lstm"
+    assert [r.name for r in runs] == ["auto-s3"]
+
+
+@pytest.mark.parametrize(
+    ("options", "train", "message"),
+    [
+        ([], ["--seed", "3"], "sets --seed of every run itself"),
+        ([], ["--run-dir", "x"], "sets --run-dir"),
+        (["--backends", "pad"], ["--recurrent-backend", "scan"], "both set the recurrent"),
+        (["--jobs", "0"], [], "--jobs must be >= 1"),
+        (["--seeds", "4-2"], [], "--seeds"),
+    ],
+)
+def test_usage_errors(tmp_path, capsys, options, train, message):
+    assert main(_sweep(tmp_path / "out", *options, train=train)) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_tiny_sweep_end_to_end_then_a_rerun_does_only_what_is_missing(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = _sweep(out, "--seeds", "0-1", "--eval-episodes", "2", "--threshold", "15")
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    assert "auto-s0: training" in stdout and "auto-s1: finished" in stdout
+    summary = json.loads((out / "summary.json").read_text())
+    runs = summary["runs"]
+    assert [(r["backend"], r["seed"], r["state"]) for r in runs] == [
+        ("auto", 0, "done"), ("auto", 1, "done")
+    ]  # fmt: skip
+    for r in runs:
+        assert len(r["eval_returns"]) == 2
+        assert r["eval_mean"] == pytest.approx(sum(r["eval_returns"]) / 2)
+        rows = read_metrics(r["run_dir"])
+        assert int(rows[-1]["frames"]) == 256
+        assert r["final_train_return"] == pytest.approx(float(rows[-1]["recent_return"]))
+        cfg = load_config(r["run_dir"])
+        assert (cfg.run.seed, cfg.model.hidden_size) == (r["seed"], 8)
+    evals = [r["eval_mean"] for r in runs]
+    stats = summary["per_backend"]["auto"]["eval"]
+    assert stats["n"] == 2 and stats["mean"] == pytest.approx(sum(evals) / 2)
+    assert stats["ci_low"] <= stats["iqm"] <= stats["ci_high"]
+    assert stats["success_rate"] == sum(e >= 15 for e in evals) / 2
+    assert summary["missing"] == [] and summary["threshold"] == 15
+    md = (out / "summary.md").read_text()
+    assert "| auto | 2 |" in md and "interquartile mean" in md and "| auto-s1 | 1 | done |" in md
+    assert summary["plot"] == "returns.png" or "matplotlib" in summary["note"]
+
+    # the same command again: nothing to train or evaluate
+    before = _mtimes(out)
+    assert main(argv) == 0
+    assert "auto-s0: done, skipped" in capsys.readouterr().out
+    assert _mtimes(out) == before
+    # a lost evaluation: only that one runs again
+    (out / "auto-s1" / EVAL_FILE).unlink()
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    assert "auto-s0: done, skipped" in stdout and "auto-s1: evaluating" in stdout
+    after = _mtimes(out)
+    assert (out / "auto-s1" / EVAL_FILE).exists()
+    assert {k: v for k, v in after.items() if k != f"auto-s1/{EVAL_FILE}"} == {
+        k: v for k, v in before.items() if k != f"auto-s1/{EVAL_FILE}"
+    }
+
+
+def test_an_unfinished_run_is_resumed_and_a_failing_run_reported(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = _sweep(out, "--seeds", "0-1", "--eval-episodes", "0")
+
+    # seed 0 stopped after its first batch (as if interrupted): 128 of 256 frames
+    def half(seed: int) -> list[str]:
+        return [
+            "train", *TINY, "--frames", "128", "--seed", str(seed), "--recurrent-backend", "auto",
+            "--eval-episodes", "0", "--run-dir", str(out / f"auto-s{seed}"),
+        ]  # fmt: skip
+
+    assert main(half(0)) == 0
+    first_row = read_metrics(out / "auto-s0")[0]
+    # seed 1: a run whose checkpoint is damaged: its resume fails
+    assert main(half(1)) == 0
+    (out / "auto-s1" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    capsys.readouterr()
+
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert "auto-s0: resuming" in captured.out
+    rows = read_metrics(out / "auto-s0")
+    assert [r["frames"] for r in rows] == ["128", "256"]
+    assert rows[0] == first_row  # the first batch was not trained again
+    assert "resuming" in (out / "logs" / "auto-s0.out").read_text()
+    assert "auto-s1 (seed 1, backend auto) failed with exit status 2" in captured.err
+    assert "checkpoint" in captured.err.split("failed", 1)[1]  # its stderr tail
+    assert "1 run(s) failed: seed 1 (auto)" in captured.err
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["state"] for r in summary["runs"]] == ["done", "failed"]
+    assert summary["runs"][1]["error"].startswith("exit status 2")
+    assert summary["missing"] == ["auto-s1 (failed)"]
+    assert summary["per_backend"]["auto"]["runs"] == 1
+    assert "Missing: auto-s1 (failed)" in (out / "summary.md").read_text()
+
+
+def test_a_run_dir_of_another_configuration_is_refused(tmp_path, capsys):
+    out = tmp_path / "out"
+    run_dir = out / "auto-s0"
+    run_dir.mkdir(parents=True)
+    other = parse_train(*TINY, "--hidden-size", "16", "--run-dir", str(run_dir))
+    (run_dir / "config.json").write_text(json.dumps(other.to_dict()))
+    assert main(_sweep(out, "--seeds", "0")) == 2
+    err = capsys.readouterr().err
+    assert str(run_dir) in err and "another configuration" in err
+    assert "model.hidden_size: the run has 16, the sweep 8" in err
+    assert not (out / "summary.json").exists()
+
+
+def test_stop_interrupts_children_and_kills_them_after_the_grace_time():
+    code = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print(1, flush=True); time.sleep(60)"  # noqa: E501
+    stubborn = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    polite = subprocess.Popen(
+        [sys.executable, "-c", "import time; print(1, flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE,
+    )
+    for p in (stubborn, polite):
+        p.stdout.readline()  # started (and the handler installed)
+    start = time.monotonic()
+    _stop([stubborn, polite], grace=1.0)
+    assert time.monotonic() - start < 10
+    assert polite.returncode != 0 and stubborn.returncode == -9
