@@ -99,15 +99,46 @@ def _check_frames(cls: str, frames: int, frames_per_batch: int) -> None:
         )
 
 
+def _id_hint(name: str) -> str:
+    """``"Fix: --env module:name. "`` when an installed module registers ``name`` on import.
+
+    Candidate modules are named after the id's namespace or first word (``MiniGrid-...``
+    -> ``minigrid``); one that is installed is imported to check that it registers the id.
+    """
+    import importlib
+    import importlib.util
+
+    import gymnasium
+
+    first = name.split("/")[0] if "/" in name else name.split("-")[0]
+    base = first.lower().replace(".", "_")
+    for module in dict.fromkeys((base, f"{base}_py", f"{base}_envs")):
+        if not module.isidentifier() or importlib.util.find_spec(module) is None:
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception:  # a hint only: a module that fails to import gives none
+            continue
+        if name in gymnasium.registry:
+            return (
+                f"The installed module {module!r} registers it when imported. Fix: --env "
+                f"{module}:{name}. "
+            )
+    return ""
+
+
 @dataclass
 class EnvConfig:
     """Which environment to train on, and how many copies step together."""
 
     env: str = "CartPole-masked"
-    """Env id: any registered gymnasium id (e.g. CartPole-v1), a popgym-* id (with the
-    popgym extra installed), or the built-in CartPole-masked (CartPole-v1 with both
-    velocities hidden) or Pendulum-masked (Pendulum-v1, continuous actions, its angular
-    velocity hidden)."""
+    """Env id: any registered gymnasium id (e.g. CartPole-v1), module:EnvId for an env of
+    another package (gymnasium's spelling: the module is imported first, which registers
+    its ids; e.g. minigrid:MiniGrid-MemoryS7-v0), a popgym-* id (with the popgym extra
+    installed), or the built-in CartPole-masked (CartPole-v1 with both velocities hidden)
+    or Pendulum-masked (Pendulum-v1, continuous actions, its angular velocity hidden).
+    Dict and image observations are accepted (vectors concatenated, uint8 HxWxC images
+    through a small CNN, text entries dropped)."""
     num_envs: int = 8
     """Envs stepped together (a gymnasium SyncVectorEnv)."""
     max_episode_steps: int | None = None
@@ -161,21 +192,29 @@ class EnvConfig:
         """The gymnasium id behind :attr:`env` (built-in masked envs resolve to their base)."""
         import gymnasium
 
-        from recurrl.envs.gym import import_env_package
+        from recurrl.envs.gym import import_env_package, split_env_id
 
         gym_id = MASKED_ENVS[self.env][0] if self.env in MASKED_ENVS else self.env
         try:
-            import_env_package(gym_id)  # e.g. popgym-* ids need `import popgym`
-        except ModuleNotFoundError as err:
+            # popgym-* ids need `import popgym`, module:EnvId ids `import module`
+            import_env_package(gym_id)
+            module, name = split_env_id(gym_id)
+        except (ModuleNotFoundError, ValueError) as err:
             raise ValueError(f"EnvConfig: {err}") from err
         try:
-            gymnasium.spec(gym_id)
+            gymnasium.spec(name)
         except gymnasium.error.Error as err:
+            if module is not None:
+                raise ValueError(
+                    f"EnvConfig: the module {module!r} was imported but registers no env "
+                    f"{name!r} ({err}). Fix: check the id's spelling and version."
+                ) from err
             raise ValueError(
-                f"EnvConfig: unknown env id {self.env!r} ({err}). Use a registered gymnasium "
-                f'id (list them with `python -c "import gymnasium; '
-                f'gymnasium.pprint_registry()"`; ids of other packages appear once the '
-                f"package is imported) or one of the built-in {sorted(MASKED_ENVS)}."
+                f"EnvConfig: unknown env id {self.env!r} ({err}). {_id_hint(name)}Use a "
+                f'registered gymnasium id (list them with `python -c "import gymnasium; '
+                f'gymnasium.pprint_registry()"`), module:EnvId for an env of another package '
+                f"(its module is imported first, which registers its ids; e.g. "
+                f"minigrid:MiniGrid-MemoryS7-v0) or one of the built-in {sorted(MASKED_ENVS)}."
             ) from err
         return gym_id
 
