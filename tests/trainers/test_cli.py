@@ -373,3 +373,29 @@ def test_a_signal_saves_a_checkpoint_and_says_how_to_resume(tmp_path, capsys, si
     lines = run_cli(capsys, "train", "--resume", str(run_dir), "--frames", str(done + 128))
     assert lines[0] == f"resuming {run_dir} from frame {done} of {done + 128}"
     assert [int(r["frames"]) for r in read_metrics(run_dir)][-2:] == [done, done + 128]
+
+
+def test_recurrent_backend_reaches_the_recurrent_trunks(capsys):
+    from recurrl.trainers.dqn import QNetwork
+    from recurrl.trainers.models import ActorCritic
+
+    assert parse_train().model.recurrent_backend == "auto"
+    cfg = parse_train("--recurrent-backend", "scan", "--memory", "gru")
+    net = ActorCritic(cfg.model, 2, 2)
+    assert net.actor[0].recurrent_backend == net.critic[0].recurrent_backend == "scan"
+    q = QNetwork(parse_train("--algo", "dqn", "--recurrent-backend", "pad").model, 2, 2)
+    assert q.q[1].recurrent_backend == "pad"
+    with pytest.raises(SystemExit):
+        main(["train", "--recurrent-backend", "fast"])
+    assert "invalid choice: 'fast'" in capsys.readouterr().err
+
+
+def test_resume_may_change_the_recurrent_backend(tiny_run, tmp_path, capsys):
+    import shutil
+
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
+    argv = ["train", "--resume", str(run_dir), "--frames", "384", "--recurrent-backend", "scan"]
+    lines = run_cli(capsys, *argv)
+    assert lines[-1] == str(run_dir)
+    assert load_config(run_dir).model.recurrent_backend == "scan"
+    assert [r["frames"] for r in read_metrics(run_dir)] == ["128", "256", "384"]

@@ -138,3 +138,17 @@ def test_resumable_fields_exist_and_conflicts_name_the_others():
         ("ppo.lr", 5e-3, 1e-3),
     ]
     assert resume_conflicts(saved, {**saved, "algo": "dqn"}) == [("algo", "ppo", "dqn")]
+
+
+def test_recurrent_backend_is_checked_and_may_change_on_resume():
+    assert ModelConfig().recurrent_backend == "auto"
+    assert ModelConfig(recurrent_backend="scan").recurrent_backend == "scan"
+    with pytest.raises(ValueError, match="recurrent_backend must be 'auto', 'pad' or 'scan'"):
+        ModelConfig(recurrent_backend="triton")
+    assert "model.recurrent_backend" in RESUMABLE  # every backend computes the same
+    saved = TrainConfig().to_dict()
+    given = TrainConfig(model=ModelConfig(recurrent_backend="pad")).to_dict()
+    assert resume_conflicts(saved, given) == []
+    # a config.json written before the option existed still loads (default: auto)
+    del saved["model"]["recurrent_backend"]
+    assert TrainConfig.from_dict(saved).model.recurrent_backend == "auto"
