@@ -124,7 +124,7 @@ class _Run:
     run_dir: Path
     train_argv: list[str]
     frames: int
-    state: str = "new"  # new, resume, done, failed
+    state: str = "new"  # new, resume, done; after running: done, failed, interrupted
     error: str | None = None
     started: bool = False
 
@@ -324,6 +324,8 @@ def _run_jobs(runs: list[_Run], out: Path, jobs: int, episodes: int) -> int | No
     except KeyboardInterrupt as err:
         signum = getattr(err, "signum", signal.SIGINT)
         _stop([j.proc for j in active if j.proc is not None])
+        for job in active:
+            job.run.state = "interrupted"
         return int(signum)
     return None
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -195,3 +196,26 @@ def test_stop_interrupts_children_and_kills_them_after_the_grace_time():
     _stop([stubborn, polite], grace=1.0)
     assert time.monotonic() - start < 10
     assert polite.returncode != 0 and stubborn.returncode == -9
+
+
+def test_ctrl_c_stops_the_runs_at_a_checkpoint_and_the_summary_lists_them(tmp_path):
+    out = tmp_path / "out"
+    long = [*TINY, "--frames", "128000", "--checkpoint-every", "128"]
+    cmd = [sys.executable, "-m", "recurrl.trainers.cli", *_sweep(out, "--seeds", "0", train=long)]
+    sweep = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = out / "auto-s0" / "metrics.csv"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and read_metrics(out / "auto-s0")):  # training has started
+        assert time.monotonic() < deadline and sweep.poll() is None
+        time.sleep(0.2)
+    sweep.send_signal(signal.SIGINT)
+    _, err = sweep.communicate(timeout=90)
+    assert sweep.returncode == 130, err
+    assert "stopping 1 run(s)" in err and "auto-s0 (interrupted)" in err
+    assert "checkpoint saved" in (out / "logs" / "auto-s0.err").read_text()
+    frames = int(read_metrics(out / "auto-s0")[-1]["frames"])
+    assert 128 <= frames < 128000
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["missing"] == ["auto-s0 (interrupted)"]
+    args = build_parser().parse_args(_sweep(out, "--seeds", "0")[: -1 - len(TINY)])
+    assert [r.state for r in _plan(args, long)[1]] == ["resume"]  # a rerun continues it
