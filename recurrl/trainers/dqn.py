@@ -55,6 +55,7 @@ from recurrl.objectives import DQNLoss, HardUpdate, SoftUpdate
 from recurrl.trainers import checkpoint as ckpt
 from recurrl.trainers.collection import make_collector, make_replay_buffer, next_batch
 from recurrl.trainers.config import ModelConfig, TrainConfig
+from recurrl.trainers.encoders import ObsInputs, add_image_encoder, observation_inputs
 from recurrl.trainers.logger import MetricsLogger, plot_learning_curve
 from recurrl.trainers.models import _trunk, make_env
 from recurrl.trainers.ppo import RECENT_EPISODES, _episode_returns
@@ -62,7 +63,7 @@ from recurrl.trainers.ppo import RECENT_EPISODES, _episode_returns
 __all__ = ["DQNTrainer", "EpsilonGreedy", "ObservationNorm", "QNetwork", "train"]
 
 # policy outputs not worth replaying: the loss recomputes them (and ("next", state) too)
-_NOT_STORED = ("action_value", "q_features", "q_observation")
+_NOT_STORED = ("action_value", "q_features", "q_observation", "q_encoded")
 
 
 class EpsilonGreedy(nn.Module):
@@ -143,6 +144,10 @@ class QNetwork(nn.Module):
     head (one hidden layer, as PPO's critic) writing ``"action_value"`` ``[*B, n_actions]``.
 
     Args:
+        obs_dim: ``F``, the features of ``"observation"`` ``[*B, F]``; or an
+            :class:`~recurrl.trainers.encoders.ObsInputs`: with an image, a CNN reads
+            ``"pixels"`` uint8 ``[*B, H, W, C]`` and the trunk reads ``"q_encoded"``
+            ``[*B, F + hidden_size]`` (the normalized vector, then the image features).
         obs_scale: the trunk reads ``"q_observation"`` = ``obs_scale * norm("observation")``
             (``norm``: :attr:`obs_norm`, the identity until fitted).
 
@@ -154,15 +159,17 @@ class QNetwork(nn.Module):
     """
 
     def __init__(
-        self, cfg: ModelConfig, obs_dim: int, n_actions: int, *, obs_scale: float = 1.0
+        self, cfg: ModelConfig, obs_dim: int | ObsInputs, n_actions: int, *, obs_scale: float = 1.0
     ) -> None:
         super().__init__()
-        self.obs_norm = ObservationNorm(obs_dim, obs_scale)
-        scale = Mod(self.obs_norm, ["observation"], ["q_observation"])
-        trunk = _trunk(cfg, obs_dim, "q", obs_key="q_observation")
+        inputs = ObsInputs.of(obs_dim)
         width = cfg.hidden_size
+        self.obs_norm = ObservationNorm(inputs.vector, obs_scale)
+        pre = [Mod(self.obs_norm, ["observation"], ["q_observation"])] if inputs.vector else []
+        pre, key, in_dim = add_image_encoder(pre, inputs, "q_observation", "q_encoded", width)
+        trunk = _trunk(cfg, in_dim, "q", obs_key=key)
         head = MLP(width, n_actions, num_cells=width)  # as PPO's critic head
-        self.q = Seq(scale, trunk, Mod(head, [trunk.out_keys[0]], ["action_value"]))
+        self.q = Seq(*pre, trunk, Mod(head, [trunk.out_keys[0]], ["action_value"]))
 
     def policy(self, epsilon: float = 0.0) -> Seq:
         """The acting module: the Q-network then :class:`EpsilonGreedy` writing ``"action"``."""
@@ -204,9 +211,9 @@ class DQNTrainer:
             torch.set_num_threads(cfg.run.num_threads)
         ckpt.seed_everything(cfg.run.seed)
         self.env = make_env(cfg.env, seed=cfg.run.seed)
-        obs_dim = self.env.observation_spec["observation"].shape[-1]
+        inputs = observation_inputs(self.env)
         n_actions = self.env.action_spec.n
-        self.model = QNetwork(cfg.model, obs_dim, n_actions, obs_scale=d.obs_scale)
+        self.model = QNetwork(cfg.model, inputs, n_actions, obs_scale=d.obs_scale)
         self.model.to(self.device)
         self.loss = DQNLoss(
             self.model.q, double_dqn=d.double_dqn, gamma=d.gamma, burn_in=d.burn_in,
@@ -279,7 +286,11 @@ class DQNTrainer:
     def _fit_obs_norm(self) -> None:
         """Fit :attr:`QNetwork.obs_norm` to the warm-up frames (epsilon ~ 1: a nearly random
         policy); frozen from then on. A Ray buffer's frames are not in this process: they are
-        estimated from ``len(buffer)`` replayed steps (slices drawn with replacement)."""
+        estimated from ``len(buffer)`` replayed steps (slices drawn with replacement). An env
+        with an image only has no vector to normalize (the CNN scales its pixels)."""
+        if not self.model.obs_norm.loc.numel():
+            self.normalized = True
+            return
         if self.remote:
             rows, drawn = [], 0
             while drawn < len(self.buffer):

@@ -12,6 +12,7 @@ from recurrl.collectors import Collector
 from recurrl.trainers import checkpoint as ckpt
 from recurrl.trainers.config import TrainConfig
 from recurrl.trainers.dqn import QNetwork
+from recurrl.trainers.encoders import observation_inputs
 from recurrl.trainers.errors import CheckpointError, UsageError
 from recurrl.trainers.models import actor_critic, make_env
 
@@ -92,9 +93,9 @@ def evaluate(
     seed = cfg.run.seed + 1 if seed is None else seed
     torch.manual_seed(seed)
     env = make_env(cfg.env, num_envs=episodes, seed=seed)
-    obs_dim = env.observation_spec["observation"].shape[-1]
     if cfg.algo == "dqn":  # greedy, or epsilon-greedy at the final training epsilon
-        model = QNetwork(cfg.model, obs_dim, env.action_spec.n, obs_scale=cfg.dqn.obs_scale)
+        inputs = observation_inputs(env)  # the vector size and the image shape, if any
+        model = QNetwork(cfg.model, inputs, env.action_spec.n, obs_scale=cfg.dqn.obs_scale)
         model.load_state_dict(state["model"])
         policy = model.policy(epsilon=0.0 if deterministic else cfg.dqn.eps_end)
     else:

@@ -25,6 +25,13 @@ from recurrl.envs import (
 )
 from recurrl.modules import MLP, GRUModule, LSTMModule
 from recurrl.trainers.config import EnvConfig, ModelConfig, TrainConfig
+from recurrl.trainers.encoders import (
+    ObsInputs,
+    add_image_encoder,
+    inputs_vector_env,
+    needs_network_inputs,
+    observation_inputs,
+)
 from recurrl.trainers.errors import UsageError
 
 __all__ = [
@@ -51,12 +58,23 @@ def make_env(cfg: EnvConfig, *, num_envs: int | None = None, seed: int | None = 
 
     A discrete observation (gymnasium ``Discrete`` / ``MultiDiscrete``, e.g. the cards of
     popgym's RepeatPrevious) is one-hot encoded first (:class:`OneHotObservation`), so the
-    networks always read a flat float vector. The recurrent policies' primers are appended
-    by the collector.
+    networks always read a flat float vector. Any other observation (a ``Dict``, an image,
+    a ``Box`` of rank > 1) goes through :class:`~recurrl.trainers.encoders.NetworkInputs`:
+    ``"observation"`` ``[N, F]`` (the vectors, concatenated) and ``"pixels"`` uint8
+    ``[N, H, W, C]`` (the images), text entries dropped with a warning. The recurrent
+    policies' primers are appended by the collector.
     """
     kwargs = {} if cfg.max_episode_steps is None else {"max_episode_steps": cfg.max_episode_steps}
     n = cfg.num_envs if num_envs is None else num_envs
-    base = GymEnv(cfg.gym_id(), num_envs=n, seed=seed, **kwargs)
+    gym_id = cfg.gym_id()
+    if cfg.mask() is None and needs_network_inputs(_observation_space(gym_id, kwargs)):
+        try:
+            vector_env = inputs_vector_env(gym_id, n, kwargs)
+        except ValueError as err:  # nothing the networks can read: the user's env choice
+            raise UsageError(f"recurrl train: {err}") from err
+        base = GymEnv(vector_env, seed=seed)
+        return TransformedEnv(base, Compose(InitTracker(), StepCounter(), RewardSum()))
+    base = GymEnv(gym_id, num_envs=n, seed=seed, **kwargs)
     obs = base.observation_spec.get(OBS_KEY, None)
     mask = cfg.mask()
     transforms = [MaskObservation(mask)] if mask is not None else []
@@ -72,6 +90,17 @@ def make_env(cfg: EnvConfig, *, num_envs: int | None = None, seed: int | None = 
         )
     transforms += [InitTracker(), StepCounter(), RewardSum()]
     return TransformedEnv(base, Compose(*transforms))
+
+
+def _observation_space(gym_id: str, make_kwargs: dict):
+    """The observation space of one env of ``gym_id`` (made, read, closed)."""
+    import gymnasium
+
+    env = gymnasium.make(gym_id, **make_kwargs)
+    try:
+        return env.observation_space
+    finally:
+        env.close()
 
 
 class CategoricalSampler(nn.Module):
@@ -258,9 +287,15 @@ class ActorCritic(nn.Module):
     """Actor (trunk + policy head) and critic (trunk + value head).
 
     Args:
+        obs_dim: ``F``, the features of ``"observation"`` ``[*B, F]``; or an
+            :class:`~recurrl.trainers.encoders.ObsInputs` (from
+            :func:`~recurrl.trainers.encoders.observation_inputs`): with an image, a CNN
+            shared by the actor and the critic reads ``"pixels"`` uint8 ``[*B, H, W, C]``
+            and both trunks read ``"encoded_observation"`` ``[*B, F + hidden_size]`` (the
+            vector, then the image features).
         n_actions: discrete actions, or the size ``A`` of a continuous action.
         obs_scale: with a value other than 1, both trunks read ``"scaled_observation"`` =
-            ``obs_scale * "observation"``.
+            ``obs_scale * "observation"`` (the vector only: the CNN scales pixels to [0, 1]).
         action_bounds: ``(low, high)``, each ``[A]`` and finite, for a continuous action
             (a gymnasium ``Box``): the policy is then a tanh-squashed Gaussian rescaled to
             ``[low, high]`` (:class:`ScaledTanhNormal`), its scale one learned parameter
@@ -289,7 +324,7 @@ class ActorCritic(nn.Module):
     def __init__(
         self,
         cfg: ModelConfig,
-        obs_dim: int,
+        obs_dim: int | ObsInputs,
         n_actions: int,
         *,
         obs_scale: float = 1.0,
@@ -316,10 +351,13 @@ class ActorCritic(nn.Module):
             self.register_buffer("action_low", low, persistent=False)
             self.register_buffer("action_high", high, persistent=False)
         width = cfg.hidden_size
-        key = OBS_KEY if obs_scale == 1.0 else "scaled_observation"
+        inputs = ObsInputs.of(obs_dim)
+        key = OBS_KEY if obs_scale == 1.0 or not inputs.vector else "scaled_observation"
         pre = [] if key == OBS_KEY else [Mod(ObsScale(obs_scale), [OBS_KEY], [key])]
-        actor_trunk = _trunk(cfg, obs_dim, "actor", key)
-        critic_trunk = actor_trunk if cfg.shared_trunk else _trunk(cfg, obs_dim, "critic", key)
+        # an image: one CNN, shared by the actor and the critic, feeds both trunks
+        pre, key, in_dim = add_image_encoder(pre, inputs, key, "encoded_observation", width)
+        actor_trunk = _trunk(cfg, in_dim, "actor", key)
+        critic_trunk = actor_trunk if cfg.shared_trunk else _trunk(cfg, in_dim, "critic", key)
         a_feat, c_feat = actor_trunk.out_keys[0], critic_trunk.out_keys[0]
         if self.continuous:
             state_scale = cfg.action_std == "state"
@@ -366,7 +404,7 @@ class ActorCritic(nn.Module):
 def actor_critic(cfg: TrainConfig, env) -> ActorCritic:
     """The :class:`ActorCritic` of ``cfg`` for ``env`` (from :func:`make_env`): categorical for
     a discrete action spec, squashed Gaussian in the spec's bounds for a bounded float one."""
-    obs_dim = env.observation_spec[OBS_KEY].shape[-1]
+    obs_dim = observation_inputs(env)
     spec = env.action_spec
     if isinstance(spec, specs.Bounded) and spec.dtype.is_floating_point:
         low, high = spec.low, spec.high

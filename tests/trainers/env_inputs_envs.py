@@ -29,7 +29,9 @@ class CueImageEnv(gymnasium.Env):
         self.dict_obs = dict_obs
         self.observation_space = (
             spaces.Dict(
-                image=image, direction=spaces.Discrete(4), mission=spaces.Text(max_length=32)
+                image=image,
+                direction=spaces.Discrete(4),
+                mission=spaces.Text(max_length=32, charset="abcdefghijklmnopqrstuvwxyz "),
             )
             if dict_obs
             else image
