@@ -332,19 +332,27 @@ def _run_jobs(runs: list[_Run], out: Path, jobs: int, episodes: int) -> int | No
 
 def _stop(procs: list[subprocess.Popen[bytes]], grace: float | None = None) -> None:
     """SIGINT each child (it checkpoints at its next batch boundary), wait at most
-    ``grace`` seconds, then SIGKILL what is left."""
+    ``grace`` seconds, then SIGKILL what is left (at once on a second Ctrl-C)."""
     grace = STOP_GRACE_S if grace is None else grace
     live = [p for p in procs if p.poll() is None]
-    print(f"stopping {len(live)} run(s) (at most {grace:.0f} s)...", file=sys.stderr, flush=True)
+    print(
+        f"stopping {len(live)} run(s) at their next checkpoint (at most {grace:.0f} s; Ctrl-C "
+        f"again to kill them at once)...", file=sys.stderr, flush=True,
+    )  # fmt: skip
     for p in live:
         with contextlib.suppress(ProcessLookupError):  # exited meanwhile
             p.send_signal(signal.SIGINT)
     deadline = time.monotonic() + grace
-    for p in live:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
+    try:
+        for p in live:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except KeyboardInterrupt:
+        pass  # a second Ctrl-C: no more waiting
+    finally:
+        for p in live:  # never left running without the sweep
+            if p.poll() is None:
+                p.kill()
             p.wait()
 
 

@@ -211,7 +211,7 @@ def test_ctrl_c_stops_the_runs_at_a_checkpoint_and_the_summary_lists_them(tmp_pa
     sweep.send_signal(signal.SIGINT)
     _, err = sweep.communicate(timeout=90)
     assert sweep.returncode == 130, err
-    assert "stopping 1 run(s)" in err and "auto-s0 (interrupted)" in err
+    assert "stopping 1 run(s) at their next checkpoint" in err and "auto-s0 (interrupted)" in err
     assert "checkpoint saved" in (out / "logs" / "auto-s0.err").read_text()
     frames = int(read_metrics(out / "auto-s0")[-1]["frames"])
     assert 128 <= frames < 128000
