@@ -126,7 +126,6 @@ class _Run:
     frames: int
     state: str = "new"  # new, resume, done; after running: done, failed, interrupted
     error: str | None = None
-    started: bool = False
 
     @property
     def name(self) -> str:
