@@ -106,13 +106,19 @@ def _import(module: str, what: str, fix: str) -> None:
     try:
         importlib.import_module(module)
     except ModuleNotFoundError as err:
-        # only the module itself (or a parent package) missing: an import error inside it
-        # is the package's own, re-raised as is
-        if err.name is None or not (module == err.name or module.startswith(err.name + ".")):
+        missing = err.name
+        if missing is None:
             raise
+        if not (module == missing or module.startswith(missing + ".")):
+            # the module is there but one of its own dependencies is not
+            top = missing.split(".")[0]
+            raise ModuleNotFoundError(
+                f"{what}, whose import failed: {err}. Fix: pip install {top} (or the "
+                f"package providing it).",
+                name=missing,
+            ) from err
         raise ModuleNotFoundError(
-            f"{what}, which is not installed. Fix: {fix}",
-            name=module,
+            f"{what}, which is not installed. Fix: {fix}", name=module
         ) from err
 
 

@@ -40,3 +40,11 @@ def test_gym_env_accepts_module_ids(num_envs):
     assert data["observation"].shape[-1] == 4
     assert data.batch_size == ((3,) if num_envs is None else (2, 3))
     env.close()
+
+
+def test_missing_dependency_of_the_module_is_named(tmp_path, monkeypatch):
+    (tmp_path / "recurrl_needs_dep.py").write_text("import recurrl_missing_dep\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModuleNotFoundError, match="whose import failed") as info:
+        import_env_package("recurrl_needs_dep:Task-v0")
+    assert "Fix: pip install recurrl_missing_dep" in str(info.value)
