@@ -605,6 +605,11 @@ class TrainConfig:
         finally:
             env.close()
         if isinstance(space, gymnasium.spaces.Discrete):
+            if self.model.action_std != "parameter":
+                raise ValueError(
+                    f"TrainConfig: action_std={self.model.action_std!r} applies to continuous "
+                    f"(Box) actions only; {self.env.env!r} has {space}. Fix: drop --action-std."
+                )
             return
         if not isinstance(space, gymnasium.spaces.Box):
             raise ValueError(

@@ -155,6 +155,11 @@ def test_dqn_with_continuous_actions_is_a_one_line_usage_error(tmp_path, capsys)
     assert "Fix: --algo ppo" in err and not run_dir.exists()
 
 
+def test_action_std_on_discrete_actions_is_refused():
+    with pytest.raises(ValueError, match=r"continuous \(Box\) actions only.*drop --action-std"):
+        TrainConfig(model=ModelConfig(action_std="state"))
+
+
 def test_popgym_position_only_pendulum():
     pytest.importorskip("popgym")
     cfg = TrainConfig(env=EnvConfig(env="popgym-PositionOnlyPendulumEasy-v0", num_envs=2))
