@@ -33,6 +33,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -113,6 +114,11 @@ def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
         "--backends", nargs="+", choices=["auto", "pad", "scan"], default=None,
         help="run every seed under each of these --recurrent-backend values (default: the "
         "one of the train options, auto)",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--ray", action="store_true",
+        help="run the seeds as Ray tasks (one CPU each) on a new local Ray cluster, or in the "
+        "Ray session this process already has (needs the ray extra)",
     )  # fmt: skip
     return sweep
 
@@ -261,8 +267,10 @@ def _commands(run: _Run, episodes: int) -> list[list[str]]:
 class _Job:
     """The remaining commands of one run, run one after the other."""
 
-    def __init__(self, run: _Run, cmds: list[list[str]], logs: Path) -> None:
-        self.run, self.cmds, self.logs = run, cmds, logs
+    def __init__(
+        self, run: _Run, cmds: list[list[str]], logs: Path, cwd: str | None = None
+    ) -> None:
+        self.run, self.cmds, self.logs, self.cwd = run, cmds, logs, cwd
         self.proc: subprocess.Popen[bytes] | None = None
         self.err_path = logs / f"{run.name}.err"
 
@@ -278,9 +286,130 @@ class _Job:
             err.write(f"$ {' '.join(cmd[2:])}\n".encode())
             err.flush()
             self.proc = subprocess.Popen(
-                cmd, stdout=out, stderr=err, env=_env(), start_new_session=True
+                cmd,
+                stdout=out,
+                stderr=err,
+                env=_env(),
+                start_new_session=True,
+                cwd=self.cwd,
+                preexec_fn=_unblock_signals if self.cwd is not None else None,
             )  # own session: a terminal's Ctrl-C reaches the sweep, which stops the children
         return True
+
+
+def _unblock_signals() -> None:
+    """In a child of a Ray worker (which blocks SIGINT, a mask children inherit): let the
+    run receive SIGINT / SIGTERM, so a cancelled task can stop it at a checkpoint."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_DFL)
+
+
+def _job_sync(cmds: list[list[str]], logs: str, name: str, cwd: str) -> tuple[int, str]:
+    """A Ray task: run a run's commands one after the other; ``(exit status, stderr tail)``.
+    Cancelled (``ray.cancel``: a ``KeyboardInterrupt`` here), it stops the child as Ctrl-C
+    stops the local ones."""
+    run = _Run(backend="", seed=0, run_dir=Path(name), train_argv=[], frames=0)
+    job = _Job(run, cmds, Path(logs), cwd)  # a Ray worker may run elsewhere: the sweep's cwd
+    while job.start_next():
+        assert job.proc is not None
+        try:
+            while (rc := job.proc.poll()) is None:  # not wait(): Ray's cancel is raised
+                time.sleep(0.2)  # only between Python bytecodes, never inside a blocking wait
+        except KeyboardInterrupt:
+            _stop([job.proc])
+            return 130, _tail(job.err_path)
+        if rc != 0:
+            return rc, _tail(job.err_path)
+    return 0, ""
+
+
+def _run_ray(runs: list[_Run], out: Path, jobs: int, episodes: int) -> int | None:
+    """:func:`_run_jobs` with every run's commands as one Ray task."""
+    try:
+        import ray
+    except ImportError as err:
+        raise UsageError(
+            '--ray needs Ray, which is not installed. Fix: pip install "recurrl[ray]" (or drop '
+            "--ray)."
+        ) from err
+    logs = (out / "logs").resolve()
+    logs.mkdir(parents=True, exist_ok=True)
+    started = not ray.is_initialized()
+    if started:  # always a new local cluster, never one found on the machine
+        ray.init(address="local", num_cpus=jobs, include_dashboard=False, logging_level=30)
+    task = ray.remote(num_cpus=1, max_retries=0)(_job_sync)
+    refs: dict[Any, _Run] = {}
+    with _signal_flag() as stop:
+        try:
+            _ray_loop(ray, task, runs, refs, logs, episodes, stop)
+        except KeyboardInterrupt as err:  # SIGINT / SIGTERM, seen between two ray.wait
+            for ref in refs:
+                ray.cancel(ref)  # the task stops its child at a checkpoint (see _job_sync)
+            ray.wait(list(refs), num_returns=len(refs), timeout=STOP_GRACE_S + 10)
+            for run in refs.values():
+                run.state = "interrupted"
+            return int(getattr(err, "signum", signal.SIGINT))
+        finally:
+            if started:
+                ray.shutdown()
+    return None
+
+
+class _Stop(KeyboardInterrupt):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signal_flag() -> Any:
+    """SIGINT / SIGTERM only recorded (raising inside Ray's client code is unsafe); the
+    yielded list gets the signal number."""
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+    previous = {s: signal.signal(s, lambda n, _: got.append(n)) for s in (signal.SIGINT,
+                signal.SIGTERM)}  # fmt: skip
+    try:
+        yield got
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _ray_loop(ray: Any, task: Any, runs: list[_Run], refs: dict[Any, _Run], logs: Path,
+              episodes: int, stop: list[int]) -> None:  # fmt: skip
+    """Submit the runs' tasks and collect them; raise :class:`_Stop` on a signal."""
+    for r in runs:
+        cmds = _commands(r, episodes)
+        if not cmds:
+            print(f"{r.name}: done, skipped", flush=True)
+            continue
+        print(f"{r.name}: submitted ({r.state})", flush=True)
+        refs[task.remote(cmds, str(logs), r.name, os.getcwd())] = r
+    while refs:
+        if stop:
+            raise _Stop(stop[0])
+        ready, _ = ray.wait(list(refs), num_returns=1, timeout=0.5)
+        for ref in ready:
+            run = refs.pop(ref)
+            rc, tail = ray.get(ref)
+            _finish(run, rc, tail, logs / f"{run.name}.err")
+
+
+def _finish(run: _Run, rc: int, tail: str, err_path: Path) -> None:
+    if rc == 0:
+        run.state = "done"
+        print(f"{run.name}: finished", flush=True)
+        return
+    run.state = "failed"
+    run.error = f"exit status {rc}:\n{tail}"
+    print(
+        f"{run.name} (seed {run.seed}, backend {run.backend}) failed with exit status {rc}; "
+        f"the end of its stderr ({err_path}):\n{tail}", file=sys.stderr, flush=True,
+    )  # fmt: skip
 
 
 def _run_jobs(runs: list[_Run], out: Path, jobs: int, episodes: int) -> int | None:
@@ -306,19 +435,8 @@ def _run_jobs(runs: list[_Run], out: Path, jobs: int, episodes: int) -> int | No
                 rc = job.proc.poll()
                 if rc is None:
                     continue
-                if rc != 0:
-                    job.run.state = "failed"
-                    job.run.error = f"exit status {rc}:\n{_tail(job.err_path)}"
-                    print(
-                        f"{job.run.name} (seed {job.run.seed}, backend {job.run.backend}) "
-                        f"failed with exit status {rc}; the end of its stderr "
-                        f"({job.err_path}):\n{_tail(job.err_path)}",
-                        file=sys.stderr, flush=True,
-                    )  # fmt: skip
-                    active.remove(job)
-                elif not job.start_next():
-                    job.run.state = "done"
-                    print(f"{job.run.name}: finished", flush=True)
+                if rc != 0 or not job.start_next():
+                    _finish(job.run, rc, _tail(job.err_path), job.err_path)
                     active.remove(job)
     except KeyboardInterrupt as err:
         signum = getattr(err, "signum", signal.SIGINT)
@@ -477,7 +595,7 @@ def run_sweep(args: argparse.Namespace, train_argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     jobs = args.jobs or os.cpu_count() or 1
     print(f"sweep: {len(runs)} run(s) in {out}, {jobs} at a time", flush=True)
-    signum = _run_jobs(runs, out, jobs, args.eval_episodes)
+    signum = (_run_ray if args.ray else _run_jobs)(runs, out, jobs, args.eval_episodes)
     summary = _summarize(runs, out, args, train_argv)
     print(f"summary: {out / 'summary.md'}", flush=True)
     if signum is not None:

@@ -219,3 +219,22 @@ def test_ctrl_c_stops_the_runs_at_a_checkpoint_and_the_summary_lists_them(tmp_pa
     assert summary["missing"] == ["auto-s0 (interrupted)"]
     args = build_parser().parse_args(_sweep(out, "--seeds", "0")[: -1 - len(TINY)])
     assert [r.state for r in _plan(args, long)[1]] == ["resume"]  # a rerun continues it
+
+
+def test_ray_runs_the_seeds_as_ray_tasks(tmp_path, capsys, ray_session):
+    out = tmp_path / "out"
+    assert main(_sweep(out, "--seeds", "0-1", "--ray", "--eval-episodes", "1")) == 0
+    stdout = capsys.readouterr().out
+    assert "auto-s0: submitted (new)" in stdout and "auto-s1: finished" in stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["state"] for r in summary["runs"]] == ["done", "done"]
+    assert all(len(r["eval_returns"]) == 1 for r in summary["runs"])
+    assert ray_session.is_initialized()  # the session it found is left to its owner
+    assert main(_sweep(out, "--seeds", "0-1", "--ray", "--eval-episodes", "1")) == 0
+    assert "auto-s1: done, skipped" in capsys.readouterr().out
+
+
+def test_ray_without_the_extra_names_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    assert main(_sweep(tmp_path / "out", "--seeds", "0", "--ray")) == 2
+    assert 'pip install "recurrl[ray]"' in capsys.readouterr().err
