@@ -15,7 +15,8 @@ present, its metrics reach ``--frames``) is skipped, an unfinished one is contin
 ``recurrl train --resume``, a run without a checkpoint starts again. A run directory made
 with another configuration is refused before anything starts. Ctrl-C (or SIGTERM) asks
 every child to stop at its next batch boundary with a checkpoint, waits at most
-:data:`STOP_GRACE_S` seconds, then kills the rest.
+:data:`STOP_GRACE_S` seconds, then kills the rest. With ``--ray`` the runs are Ray tasks
+(the ``ray`` extra) instead of local subprocess slots.
 
 Examples:
     >>> parse_seeds(["0-3", "7", "9,10"])
