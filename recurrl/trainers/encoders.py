@@ -296,6 +296,14 @@ class ImageEncoder(nn.Module):
             flat = self.convs(torch.zeros(1, self.shape[2], h, w)).shape[-1]
         self.head = nn.Sequential(nn.Linear(flat, out_features), nn.ReLU())
         self.out_features = out_features
+        # Orthogonal weights with the ReLU gain and zero biases (as PPO's CNNs are usually
+        # initialized): torch's default init shrinks the signal at every layer, so a cue of
+        # a few pixels reached the trunk as differences of ~1e-3 and a recurrent policy that
+        # must remember it did not learn to.
+        for layer in self.modules():
+            if isinstance(layer, (nn.Conv2d, nn.Linear)):
+                nn.init.orthogonal_(layer.weight, nn.init.calculate_gain("relu"))
+                nn.init.zeros_(layer.bias)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         if tuple(pixels.shape[-3:]) != self.shape:

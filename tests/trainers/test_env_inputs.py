@@ -184,6 +184,19 @@ def test_image_encoder_shapes_and_scaling():
         enc(torch.zeros(4, 3, 7, 7, dtype=torch.uint8))
 
 
+def test_image_encoder_passes_a_one_pixel_cue_at_init():
+    # With torch's default init the three cues below gave features ~1e-3 apart, and a GRU
+    # policy that must remember the cue (RecurrlTestPixels-v0) stayed at chance after 48k
+    # frames; with the orthogonal init it reaches return 1 in 19k.
+    torch.manual_seed(0)
+    enc = ImageEncoder((7, 7, 3), 32)
+    pixels = torch.zeros(3, 7, 7, 3, dtype=torch.uint8)
+    pixels[[0, 1, 2], 3, 3, [0, 1, 2]] = 255
+    out = enc(pixels)
+    gaps = [float((out[i] - out[j]).norm()) for i, j in ((0, 1), (0, 2), (1, 2))]
+    assert min(gaps) > 0.05, gaps
+
+
 @pytest.mark.parametrize("memory", ["lstm", "gru", "none"])
 @pytest.mark.parametrize("shared", [False, True])
 def test_actor_critic_with_an_image(memory, shared):
