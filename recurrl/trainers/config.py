@@ -239,10 +239,11 @@ class ModelConfig:
     """Continuous (Box) actions, PPO only: the policy is a Gaussian squashed by tanh into the
     action bounds; its standard deviation is one learned parameter per action entry
     (parameter) or an output of the actor's head for every state (state)."""
-    recurrent_backend: Literal["auto", "pad", "scan"] = "auto"
+    recurrent_backend: Literal["auto", "pad", "scan"] = "pad"
     """How the LSTM/GRU trunk runs a sequence with resets in training: pad (split at resets,
-    torch's fused kernel), scan (time loop), or auto (the faster for the input). All give the
-    same numbers up to float rounding, so a resumed run may change it."""
+    torch's fused kernel; the modules' default, with which the published figures were
+    measured), scan (time loop), or auto (the faster for the input: scan for the GRU on CPU).
+    All give the same numbers up to float rounding, so a resumed run may change it."""
 
     def __post_init__(self) -> None:
         _finite(self)

@@ -141,14 +141,14 @@ def test_resumable_fields_exist_and_conflicts_name_the_others():
 
 
 def test_recurrent_backend_is_checked_and_may_change_on_resume():
-    assert ModelConfig().recurrent_backend == "auto"
+    assert ModelConfig().recurrent_backend == "pad"
     assert ModelConfig(recurrent_backend="scan").recurrent_backend == "scan"
     with pytest.raises(ValueError, match="recurrent_backend must be 'auto', 'pad' or 'scan'"):
         ModelConfig(recurrent_backend="triton")
     assert "model.recurrent_backend" in RESUMABLE  # every backend computes the same
     saved = TrainConfig().to_dict()
-    given = TrainConfig(model=ModelConfig(recurrent_backend="pad")).to_dict()
+    given = TrainConfig(model=ModelConfig(recurrent_backend="scan")).to_dict()
     assert resume_conflicts(saved, given) == []
-    # a config.json written before the option existed still loads (default: auto)
+    # a config.json written before the option existed loads as what it ran: pad
     del saved["model"]["recurrent_backend"]
-    assert TrainConfig.from_dict(saved).model.recurrent_backend == "auto"
+    assert TrainConfig.from_dict(saved).model.recurrent_backend == "pad"
