@@ -259,7 +259,8 @@ def _conflict_message(run_dir: str, conflicts: list[tuple[str, Any, Any]]) -> st
 def _default_run_dir(cfg: TrainConfig) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     algo = "" if cfg.algo == "ppo" else f"{cfg.algo}-"  # PPO runs keep their historical names
-    return str(Path("runs") / f"{cfg.env.env}-{algo}{cfg.model.memory}-s{cfg.run.seed}-{stamp}")
+    env = cfg.env.env.replace(":", "_").replace("/", "_")  # module:EnvId, namespaced ids
+    return str(Path("runs") / f"{env}-{algo}{cfg.model.memory}-s{cfg.run.seed}-{stamp}")
 
 
 def _check_device(device: str) -> None:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -399,3 +400,13 @@ def test_resume_may_change_the_recurrent_backend(tiny_run, tmp_path, capsys):
     assert lines[-1] == str(run_dir)
     assert load_config(run_dir).model.recurrent_backend == "scan"
     assert [r["frames"] for r in read_metrics(run_dir)] == ["128", "256", "384"]
+
+
+def test_default_run_dir_names_hold_no_path_separators_or_colons():
+    from recurrl.trainers.cli import _default_run_dir
+
+    for env in ("minigrid:MiniGrid-MemoryS7-v0", "ALE/Pong-v5"):
+        cfg = parse_train("--seed", "3")
+        cfg.env.env = env  # set after validation: only the name is under test
+        name = Path(_default_run_dir(cfg)).name
+        assert ":" not in name and "/" not in name and "-s3-" in name
