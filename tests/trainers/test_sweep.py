@@ -69,7 +69,7 @@ def test_plan_runs_every_seed_under_each_backend(tmp_path):
     args = build_parser().parse_args(["sweep", "--seeds", "3"])
     out, runs = _plan(args, ["--algo", "dqn"])
     assert out.as_posix() == "sweeps/CartPole-masked-dqn-lstm"
-    assert [r.name for r in runs] == ["auto-s3"]
+    assert [r.name for r in runs] == ["pad-s3"]
 
 
 @pytest.mark.parametrize(
@@ -93,11 +93,11 @@ def test_tiny_sweep_end_to_end_then_a_rerun_does_only_what_is_missing(tmp_path, 
     argv = _sweep(out, "--seeds", "0-1", "--eval-episodes", "2", "--threshold", "15")
     assert main(argv) == 0
     stdout = capsys.readouterr().out
-    assert "auto-s0: training" in stdout and "auto-s1: finished" in stdout
+    assert "pad-s0: training" in stdout and "pad-s1: finished" in stdout
     summary = json.loads((out / "summary.json").read_text())
     runs = summary["runs"]
     assert [(r["backend"], r["seed"], r["state"]) for r in runs] == [
-        ("auto", 0, "done"), ("auto", 1, "done")
+        ("pad", 0, "done"), ("pad", 1, "done")
     ]  # fmt: skip
     for r in runs:
         assert len(r["eval_returns"]) == 2
@@ -108,29 +108,29 @@ def test_tiny_sweep_end_to_end_then_a_rerun_does_only_what_is_missing(tmp_path, 
         cfg = load_config(r["run_dir"])
         assert (cfg.run.seed, cfg.model.hidden_size) == (r["seed"], 8)
     evals = [r["eval_mean"] for r in runs]
-    stats = summary["per_backend"]["auto"]["eval"]
+    stats = summary["per_backend"]["pad"]["eval"]
     assert stats["n"] == 2 and stats["mean"] == pytest.approx(sum(evals) / 2)
     assert stats["ci_low"] <= stats["iqm"] <= stats["ci_high"]
     assert stats["success_rate"] == sum(e >= 15 for e in evals) / 2
     assert summary["missing"] == [] and summary["threshold"] == 15
     md = (out / "summary.md").read_text()
-    assert "| auto | 2 |" in md and "interquartile mean" in md and "| auto-s1 | 1 | done |" in md
+    assert "| pad | 2 |" in md and "interquartile mean" in md and "| pad-s1 | 1 | done |" in md
     assert summary["plot"] == "returns.png" or "matplotlib" in summary["note"]
 
     # the same command again: nothing to train or evaluate
     before = _mtimes(out)
     assert main(argv) == 0
-    assert "auto-s0: done, skipped" in capsys.readouterr().out
+    assert "pad-s0: done, skipped" in capsys.readouterr().out
     assert _mtimes(out) == before
     # a lost evaluation: only that one runs again
-    (out / "auto-s1" / EVAL_FILE).unlink()
+    (out / "pad-s1" / EVAL_FILE).unlink()
     assert main(argv) == 0
     stdout = capsys.readouterr().out
-    assert "auto-s0: done, skipped" in stdout and "auto-s1: evaluating" in stdout
+    assert "pad-s0: done, skipped" in stdout and "pad-s1: evaluating" in stdout
     after = _mtimes(out)
-    assert (out / "auto-s1" / EVAL_FILE).exists()
-    assert {k: v for k, v in after.items() if k != f"auto-s1/{EVAL_FILE}"} == {
-        k: v for k, v in before.items() if k != f"auto-s1/{EVAL_FILE}"
+    assert (out / "pad-s1" / EVAL_FILE).exists()
+    assert {k: v for k, v in after.items() if k != f"pad-s1/{EVAL_FILE}"} == {
+        k: v for k, v in before.items() if k != f"pad-s1/{EVAL_FILE}"
     }
 
 
@@ -141,38 +141,38 @@ def test_an_unfinished_run_is_resumed_and_a_failing_run_reported(tmp_path, capsy
     # seed 0 stopped after its first batch (as if interrupted): 128 of 256 frames
     def half(seed: int) -> list[str]:
         return [
-            "train", *TINY, "--frames", "128", "--seed", str(seed), "--recurrent-backend", "auto",
-            "--eval-episodes", "0", "--run-dir", str(out / f"auto-s{seed}"),
+            "train", *TINY, "--frames", "128", "--seed", str(seed), "--recurrent-backend", "pad",
+            "--eval-episodes", "0", "--run-dir", str(out / f"pad-s{seed}"),
         ]  # fmt: skip
 
     assert main(half(0)) == 0
-    first_row = read_metrics(out / "auto-s0")[0]
+    first_row = read_metrics(out / "pad-s0")[0]
     # seed 1: a run whose checkpoint is damaged: its resume fails
     assert main(half(1)) == 0
-    (out / "auto-s1" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    (out / "pad-s1" / "checkpoint.pt").write_bytes(b"not a checkpoint")
     capsys.readouterr()
 
     assert main(argv) == 1
     captured = capsys.readouterr()
-    assert "auto-s0: resuming" in captured.out
-    rows = read_metrics(out / "auto-s0")
+    assert "pad-s0: resuming" in captured.out
+    rows = read_metrics(out / "pad-s0")
     assert [r["frames"] for r in rows] == ["128", "256"]
     assert rows[0] == first_row  # the first batch was not trained again
-    assert "resuming" in (out / "logs" / "auto-s0.out").read_text()
-    assert "auto-s1 (seed 1, backend auto) failed with exit status 2" in captured.err
+    assert "resuming" in (out / "logs" / "pad-s0.out").read_text()
+    assert "pad-s1 (seed 1, backend pad) failed with exit status 2" in captured.err
     assert "checkpoint" in captured.err.split("failed", 1)[1]  # its stderr tail
-    assert "1 run(s) failed: seed 1 (auto)" in captured.err
+    assert "1 run(s) failed: seed 1 (pad)" in captured.err
     summary = json.loads((out / "summary.json").read_text())
     assert [r["state"] for r in summary["runs"]] == ["done", "failed"]
     assert summary["runs"][1]["error"].startswith("exit status 2")
-    assert summary["missing"] == ["auto-s1 (failed)"]
-    assert summary["per_backend"]["auto"]["runs"] == 1
-    assert "Missing: auto-s1 (failed)" in (out / "summary.md").read_text()
+    assert summary["missing"] == ["pad-s1 (failed)"]
+    assert summary["per_backend"]["pad"]["runs"] == 1
+    assert "Missing: pad-s1 (failed)" in (out / "summary.md").read_text()
 
 
 def test_a_run_dir_of_another_configuration_is_refused(tmp_path, capsys):
     out = tmp_path / "out"
-    run_dir = out / "auto-s0"
+    run_dir = out / "pad-s0"
     run_dir.mkdir(parents=True)
     other = parse_train(*TINY, "--hidden-size", "16", "--run-dir", str(run_dir))
     (run_dir / "config.json").write_text(json.dumps(other.to_dict()))
@@ -203,20 +203,20 @@ def test_ctrl_c_stops_the_runs_at_a_checkpoint_and_the_summary_lists_them(tmp_pa
     long = [*TINY, "--frames", "128000", "--checkpoint-every", "128"]
     cmd = [sys.executable, "-m", "recurrl.trainers.cli", *_sweep(out, "--seeds", "0", train=long)]
     sweep = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics = out / "auto-s0" / "metrics.csv"
+    metrics = out / "pad-s0" / "metrics.csv"
     deadline = time.monotonic() + 120
-    while not (metrics.exists() and read_metrics(out / "auto-s0")):  # training has started
+    while not (metrics.exists() and read_metrics(out / "pad-s0")):  # training has started
         assert time.monotonic() < deadline and sweep.poll() is None
         time.sleep(0.2)
     sweep.send_signal(signal.SIGINT)
     _, err = sweep.communicate(timeout=90)
     assert sweep.returncode == 130, err
-    assert "stopping 1 run(s) at their next checkpoint" in err and "auto-s0 (interrupted)" in err
-    assert "checkpoint saved" in (out / "logs" / "auto-s0.err").read_text()
-    frames = int(read_metrics(out / "auto-s0")[-1]["frames"])
+    assert "stopping 1 run(s) at their next checkpoint" in err and "pad-s0 (interrupted)" in err
+    assert "checkpoint saved" in (out / "logs" / "pad-s0.err").read_text()
+    frames = int(read_metrics(out / "pad-s0")[-1]["frames"])
     assert 128 <= frames < 128000
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["missing"] == ["auto-s0 (interrupted)"]
+    assert summary["missing"] == ["pad-s0 (interrupted)"]
     args = build_parser().parse_args(_sweep(out, "--seeds", "0")[: -1 - len(TINY)])
     assert [r.state for r in _plan(args, long)[1]] == ["resume"]  # a rerun continues it
 
@@ -225,13 +225,13 @@ def test_ray_runs_the_seeds_as_ray_tasks(tmp_path, capsys, ray_session):
     out = tmp_path / "out"
     assert main(_sweep(out, "--seeds", "0-1", "--ray", "--eval-episodes", "1")) == 0
     stdout = capsys.readouterr().out
-    assert "auto-s0: submitted (new)" in stdout and "auto-s1: finished" in stdout
+    assert "pad-s0: submitted (new)" in stdout and "pad-s1: finished" in stdout
     summary = json.loads((out / "summary.json").read_text())
     assert [r["state"] for r in summary["runs"]] == ["done", "done"]
     assert all(len(r["eval_returns"]) == 1 for r in summary["runs"])
     assert ray_session.is_initialized()  # the session it found is left to its owner
     assert main(_sweep(out, "--seeds", "0-1", "--ray", "--eval-episodes", "1")) == 0
-    assert "auto-s1: done, skipped" in capsys.readouterr().out
+    assert "pad-s1: done, skipped" in capsys.readouterr().out
 
 
 def test_ray_without_the_extra_names_it(tmp_path, capsys, monkeypatch):
