@@ -114,7 +114,7 @@ def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
     sweep.add_argument(
         "--backends", nargs="+", choices=["auto", "pad", "scan"], default=None,
         help="run every seed under each of these --recurrent-backend values (default: the "
-        "one of the train options, auto)",
+        "one of the train options, pad)",
     )  # fmt: skip
     sweep.add_argument(
         "--ray", action="store_true",
