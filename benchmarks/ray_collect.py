@@ -28,14 +28,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import gymnasium
 import torch
 from tensordict.nn import TensorDictModule as Mod
 from tensordict.nn import TensorDictSequential as Seq
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import compare
 
 from recurrl.collectors import Collector, RayCollector
 from recurrl.envs import GymEnv
@@ -88,20 +93,6 @@ def batches(collector) -> Callable[[], object]:
     """A function yielding the next batch of ``collector`` per call (one iterator)."""
     it = iter(collector)
     return lambda: next(it)
-
-
-def interleaved(fns: dict[str, Callable[[], object]], rounds: int, inner: int) -> dict:
-    """Median seconds per call of each function, in interleaved rounds (one warm-up call)."""
-    for fn in fns.values():
-        fn()
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            samples[name].append((time.perf_counter() - start) / inner)
-    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def in_turn(makers: dict[str, Callable[[], object]], rounds: int, inner: int) -> dict:
@@ -192,9 +183,10 @@ def weight_sync(args: argparse.Namespace) -> None:
         collector.update_policy_weights_()
 
     try:
-        times = interleaved(
-            {"plain": plain, "weights": until_new_weights, "put": put_only}, args.rounds, 5
-        )
+        times = compare(
+            {"plain": plain, "weights": until_new_weights, "put": put_only},
+            rounds=args.rounds, inner=5, warmup=1,
+        )  # fmt: skip
     finally:
         collector.shutdown()
     mb = params * 4 / 2**20
