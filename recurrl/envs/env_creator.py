@@ -143,7 +143,7 @@ class EnvCreator:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Only ever our own pickles, sent to our own worker processes.
-        state["create_env_fn"] = pickle.loads(state["create_env_fn"])
+        state["create_env_fn"] = pickle.loads(state["create_env_fn"])  # trusted: our own bytes
         self.__dict__.update(state)
 
     def __repr__(self) -> str:

@@ -121,7 +121,8 @@ def _worker(
                 answer = pickle.dumps(env.state_dict())
             elif command == "load_state_dict":
                 blob, strict = arg  # from our own parent
-                result = env.load_state_dict(pickle.loads(blob), strict=strict)
+                state = pickle.loads(blob)  # trusted: the parent's own bytes, over our pipe
+                result = env.load_state_dict(state, strict=strict)
                 answer = (list(result.missing_keys), list(result.unexpected_keys))
             elif command == "close":
                 env.close()
@@ -154,7 +155,7 @@ def _write(result: TensorDictBase, row: list[tuple[NestedKey, torch.Tensor]]) ->
 def _send_error(conn: multiprocessing.connection.Connection, err: BaseException) -> None:
     try:
         blob = pickle.dumps(err)
-        pickle.loads(blob)
+        pickle.loads(blob)  # trusted: the bytes just made here (does it round-trip?)
     except Exception:  # an exception that does not round-trip: send its text
         blob = None
     text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
@@ -419,7 +420,8 @@ class ParallelEnv(_BatchedEnv):
     def _raise_worker_error(self, index: int, payload: tuple) -> None:
         blob, type_name, text, trace = payload
         try:
-            error = pickle.loads(blob) if blob is not None else None  # from our own worker
+            # trusted: from our own worker process, over our pipe
+            error = pickle.loads(blob) if blob is not None else None
         except Exception:
             error = None
         if not isinstance(error, BaseException):
