@@ -420,8 +420,7 @@ class ParallelEnv(_BatchedEnv):
     def _raise_worker_error(self, index: int, payload: tuple) -> None:
         blob, type_name, text, trace = payload
         try:
-            # trusted: from our own worker process, over our pipe
-            error = pickle.loads(blob) if blob is not None else None
+            error = pickle.loads(blob) if blob else None  # trusted: our own worker, our pipe
         except Exception:
             error = None
         if not isinstance(error, BaseException):
@@ -465,7 +464,7 @@ class ParallelEnv(_BatchedEnv):
         super()._save_to_state_dict(destination, prefix, keep_vars)
         blobs = self._call(range(self.num_workers), ("state_dict", None), "running 'state_dict'")
         for i, blob in enumerate(blobs):
-            for key, value in pickle.loads(blob).items():  # from our own workers
+            for key, value in pickle.loads(blob).items():  # trusted: our own workers' bytes
                 destination[f"{prefix}envs.{i}.{key}"] = value
 
     def _load_from_state_dict(
