@@ -306,6 +306,11 @@ class PPOConfig:
     over `frames` (a sharper policy late in the run); None keeps entropy_coef throughout."""
     critic_coef: float = 0.5
     """Weight of the value loss."""
+    clip_value: float | None = None
+    """Clip each value prediction to within this distance of the value stored when the batch
+    was collected and take the larger of the clipped and unclipped losses (PPO's value
+    clipping, in the scale of the rewards after reward_scale); None trains the critic on the
+    plain squared error."""
     obs_scale: float = 10.0
     """Multiply observations by this before the actor and critic trunks (CartPole-masked's
     position and angle are about 0.1: scaled up, the recurrent trunk learns faster)."""
@@ -341,6 +346,13 @@ class PPOConfig:
                     f"PPOConfig: {name} must be a number >= 0 (0 disables the entropy "
                     f"bonus), received {value!r}."
                 )
+        if self.clip_value is not None and not (
+            isinstance(self.clip_value, (int, float)) and self.clip_value > 0
+        ):
+            raise ValueError(
+                f"PPOConfig: clip_value must be a number > 0 (None disables value clipping), "
+                f"received {self.clip_value!r}."
+            )
         if self.clip_epsilon_end is not None and not (
             isinstance(self.clip_epsilon_end, (int, float)) and self.clip_epsilon_end > 0
         ):

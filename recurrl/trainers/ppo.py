@@ -119,7 +119,7 @@ class PPOTrainer:
         self.gae = GAE(p.gamma, p.gae_lambda, self.model.critic)
         terms = dict(
             clip_epsilon=p.clip_epsilon, entropy_coef=p.entropy_coef, critic_coef=p.critic_coef,
-            normalize_advantage=p.normalize_advantage,
+            normalize_advantage=p.normalize_advantage, clip_value=p.clip_value,
         )  # fmt: skip
         if self.model.continuous:
             self.loss = _SquashedGaussianPPOLoss(self.model, **terms)

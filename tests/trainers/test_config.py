@@ -84,6 +84,7 @@ def test_ppo_accepts_continuous_actions():
         (lambda: PPOConfig(entropy_coef=-0.01), "entropy_coef must be a number >= 0"),
         (lambda: PPOConfig(entropy_coef_end=-1.0), "entropy_coef_end must be a number >= 0"),
         (lambda: PPOConfig(clip_epsilon_end=0.0), "clip_epsilon_end must be a number > 0"),
+        (lambda: PPOConfig(clip_value=0.0), "clip_value must be a number > 0"),
         (lambda: RunConfig(device="gpu0"), "invalid device"),
         (lambda: RunConfig(eval_episodes=-1), "eval_episodes must be >= 0"),
         (lambda: TrainConfig(algo="sac"), "unknown algo"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from tensordict import TensorDict
 
@@ -98,6 +99,23 @@ def test_entropy_weight_and_clip_range_are_constant_without_an_end_value(tmp_pat
     assert trainer.loss.entropy_coef == 0.03
     assert trainer.loss.clip_epsilon == trainer.cfg.ppo.clip_epsilon  # clip_epsilon_end None
     assert trainer.optimizer.param_groups[0]["lr"] == trainer.cfg.ppo.lr
+
+
+def test_value_clipping_reaches_the_loss(tmp_path):
+    trainer = _trainer(tmp_path, clip_value=0.05)
+    plain = _trainer(tmp_path / "plain")
+    assert trainer.loss.clip_value == 0.05 and plain.loss.clip_value is None
+    batch = next(iter(trainer.collector))
+    trainer.gae(batch)
+    # targets equal to what the critic predicts now, stored values 1 away: unclipped the value
+    # loss is 0; clipped, the prediction may move only 0.05 from the stored value
+    batch["value_target"] = batch["state_value"].clone()
+    batch["state_value"] = batch["state_value"] + 1.0
+    coef = trainer.cfg.ppo.critic_coef
+    expected = coef * 0.5 * 0.95**2
+    assert trainer.loss(batch)["loss_critic"].item() == pytest.approx(expected, rel=1e-4)
+    plain.loss.critic_network.load_state_dict(trainer.loss.critic_network.state_dict())
+    assert plain.loss(batch)["loss_critic"].item() == pytest.approx(0.0, abs=1e-8)
 
 
 def test_obs_scale_multiplies_what_both_trunks_read():
