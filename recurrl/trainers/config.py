@@ -311,6 +311,10 @@ class PPOConfig:
     was collected and take the larger of the clipped and unclipped losses (PPO's value
     clipping, in the scale of the rewards after reward_scale); None trains the critic on the
     plain squared error."""
+    obs_norm: bool = False
+    """Standardize each observation entry with the mean and std of the first batch's frames
+    (collected by the initial policy; that batch fits the normalization and is not trained
+    on), frozen afterwards and saved with the model; obs_scale then multiplies the result."""
     obs_scale: float = 10.0
     """Multiply observations by this before the actor and critic trunks (CartPole-masked's
     position and angle are about 0.1: scaled up, the recurrent trunk learns faster)."""

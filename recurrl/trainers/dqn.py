@@ -57,7 +57,7 @@ from recurrl.trainers.collection import make_collector, make_replay_buffer, next
 from recurrl.trainers.config import ModelConfig, TrainConfig
 from recurrl.trainers.encoders import ObsInputs, add_image_encoder, observation_inputs
 from recurrl.trainers.logger import MetricsLogger, plot_learning_curve
-from recurrl.trainers.models import _trunk, make_env
+from recurrl.trainers.models import ObservationNorm, _trunk, make_env
 from recurrl.trainers.ppo import RECENT_EPISODES, _episode_returns
 
 __all__ = ["DQNTrainer", "EpsilonGreedy", "ObservationNorm", "QNetwork", "train"]
@@ -108,35 +108,6 @@ class EpsilonGreedy(nn.Module):
         explore = torch.rand(greedy.shape, device=greedy.device) < self.epsilon
         uniform = torch.randint(action_value.shape[-1], greedy.shape, device=greedy.device)
         return torch.where(explore, uniform, greedy)
-
-
-class ObservationNorm(nn.Module):
-    """``(x - loc) / scale * extra_scale`` per observation entry; ``loc``/``scale`` are
-    buffers (saved with the model), identity until :meth:`fit` sets them.
-
-    Examples:
-        >>> norm = ObservationNorm(2)
-        >>> norm.fit(torch.tensor([[0.0, 10.0], [2.0, 30.0], [4.0, 50.0]]))  # std 2, 20
-        >>> norm(torch.tensor([[2.0, 30.0], [4.0, 50.0]]))
-        tensor([[0., 0.],
-                [1., 1.]])
-    """
-
-    def __init__(self, size: int, extra_scale: float = 1.0) -> None:
-        super().__init__()
-        self.register_buffer("loc", torch.zeros(size))
-        self.register_buffer("scale", torch.ones(size))
-        self.extra_scale = extra_scale
-
-    @torch.no_grad()
-    def fit(self, observations: torch.Tensor, eps: float = 1e-6) -> None:
-        """Set ``loc``/``scale`` to the mean/std of ``observations`` ``[n, size]``."""
-        flat = observations.reshape(-1, self.loc.numel()).to(self.loc.dtype)
-        self.loc.copy_(flat.mean(0))
-        self.scale.copy_(flat.std(0).clamp_min(eps))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.loc) / self.scale * self.extra_scale
 
 
 class QNetwork(nn.Module):

@@ -38,6 +38,7 @@ __all__ = [
     "ActorCritic",
     "CategoricalSampler",
     "GaussianParams",
+    "ObservationNorm",
     "ScaledTanhNormal",
     "TanhNormalSampler",
     "actor_critic",
@@ -283,6 +284,35 @@ class ObsScale(nn.Module):
         return x * self.scale
 
 
+class ObservationNorm(nn.Module):
+    """``(x - loc) / scale * extra_scale`` per observation entry; ``loc``/``scale`` are
+    buffers (saved with the model), identity until :meth:`fit` sets them.
+
+    Examples:
+        >>> norm = ObservationNorm(2)
+        >>> norm.fit(torch.tensor([[0.0, 10.0], [2.0, 30.0], [4.0, 50.0]]))  # std 2, 20
+        >>> norm(torch.tensor([[2.0, 30.0], [4.0, 50.0]]))
+        tensor([[0., 0.],
+                [1., 1.]])
+    """
+
+    def __init__(self, size: int, extra_scale: float = 1.0) -> None:
+        super().__init__()
+        self.register_buffer("loc", torch.zeros(size))
+        self.register_buffer("scale", torch.ones(size))
+        self.extra_scale = extra_scale
+
+    @torch.no_grad()
+    def fit(self, observations: torch.Tensor, eps: float = 1e-6) -> None:
+        """Set ``loc``/``scale`` to the mean/std of ``observations`` ``[n, size]``."""
+        flat = observations.reshape(-1, self.loc.numel()).to(self.loc.dtype)
+        self.loc.copy_(flat.mean(0))
+        self.scale.copy_(flat.std(0).clamp_min(eps))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.loc) / self.scale * self.extra_scale
+
+
 class ActorCritic(nn.Module):
     """Actor (trunk + policy head) and critic (trunk + value head).
 
@@ -296,6 +326,9 @@ class ActorCritic(nn.Module):
         n_actions: discrete actions, or the size ``A`` of a continuous action.
         obs_scale: with a value other than 1, both trunks read ``"scaled_observation"`` =
             ``obs_scale * "observation"`` (the vector only: the CNN scales pixels to [0, 1]).
+        obs_norm: standardize the vector first: both trunks read ``"scaled_observation"`` =
+            ``obs_scale * (observation - loc) / scale`` (:attr:`obs_norm`, the identity until
+            :meth:`ObservationNorm.fit` sets ``loc`` / ``scale``, saved in the state dict).
         action_bounds: ``(low, high)``, each ``[A]`` and finite, for a continuous action
             (a gymnasium ``Box``): the policy is then a tanh-squashed Gaussian rescaled to
             ``[low, high]`` (:class:`ScaledTanhNormal`), its scale one learned parameter
@@ -303,6 +336,8 @@ class ActorCritic(nn.Module):
             a categorical policy over ``n_actions``.
 
     Attributes:
+        obs_norm: the :class:`ObservationNorm`, or ``None`` without ``obs_norm`` (or
+            without a vector observation).
         actor: writes ``"logits"`` ``[*B, n_actions]``, or ``"loc"`` and ``"scale"``
             ``[*B, A]`` (the Gaussian's, before the tanh).
         critic: writes ``"state_value"`` ``[*B, 1]``.
@@ -328,6 +363,7 @@ class ActorCritic(nn.Module):
         n_actions: int,
         *,
         obs_scale: float = 1.0,
+        obs_norm: bool = False,
         action_bounds: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
@@ -352,8 +388,14 @@ class ActorCritic(nn.Module):
             self.register_buffer("action_high", high, persistent=False)
         width = cfg.hidden_size
         inputs = ObsInputs.of(obs_dim)
-        key = OBS_KEY if obs_scale == 1.0 or not inputs.vector else "scaled_observation"
-        pre = [] if key == OBS_KEY else [Mod(ObsScale(obs_scale), [OBS_KEY], [key])]
+        self.obs_norm = ObservationNorm(inputs.vector, obs_scale) if obs_norm else None
+        if not inputs.vector:
+            self.obs_norm = None
+        key = OBS_KEY
+        if self.obs_norm is not None or (obs_scale != 1.0 and inputs.vector):
+            key = "scaled_observation"
+        scaling = self.obs_norm if self.obs_norm is not None else ObsScale(obs_scale)
+        pre = [] if key == OBS_KEY else [Mod(scaling, [OBS_KEY], [key])]
         # an image: one CNN, shared by the actor and the critic, feeds both trunks
         pre, key, in_dim = add_image_encoder(pre, inputs, key, "encoded_observation", width)
         actor_trunk = _trunk(cfg, in_dim, "actor", key)
@@ -411,6 +453,9 @@ def actor_critic(cfg: TrainConfig, env) -> ActorCritic:
         n_actions = spec.shape[-1]
         return ActorCritic(
             cfg.model, obs_dim, n_actions, obs_scale=cfg.ppo.obs_scale,
+            obs_norm=cfg.ppo.obs_norm,
             action_bounds=(low.reshape(-1, n_actions)[0], high.reshape(-1, n_actions)[0]),
         )  # fmt: skip
-    return ActorCritic(cfg.model, obs_dim, spec.n, obs_scale=cfg.ppo.obs_scale)
+    return ActorCritic(
+        cfg.model, obs_dim, spec.n, obs_scale=cfg.ppo.obs_scale, obs_norm=cfg.ppo.obs_norm
+    )

@@ -159,6 +159,13 @@ class PPOTrainer:
         """GAE on ``batch`` then ``epochs`` of minibatch updates; returns mean diagnostics."""
         p = self.cfg.ppo
         batch = batch.to(self.device)
+        norm = self.model.obs_norm
+        if norm is not None and self.batches == 0:
+            # fit the observation normalization; the batch was collected without it, so its
+            # log-probabilities and stored states belong to another network: no update
+            norm.fit(batch.get("observation"))
+            keys = ["loss_objective", "loss_critic", "entropy", "kl_approx", "clip_fraction"]
+            return dict.fromkeys(keys + ["grad_norm"] * (p.max_grad_norm > 0), math.nan)
         if p.reward_scale != 1.0:
             batch.set(("next", "reward"), batch.get(("next", "reward")) * p.reward_scale)
         self.gae(batch)

@@ -118,6 +118,24 @@ def test_value_clipping_reaches_the_loss(tmp_path):
     assert plain.loss(batch)["loss_critic"].item() == pytest.approx(0.0, abs=1e-8)
 
 
+def test_obs_norm_is_fitted_on_the_first_batch_which_is_not_trained_on(tmp_path):
+    trainer = _trainer(tmp_path, obs_norm=True, obs_scale=1.0)
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    batch = next(iter(trainer.collector))
+    stats = trainer.update(batch)
+    assert all(v != v for v in stats.values())  # NaN: no update ran
+    after = trainer.model.state_dict()
+    norm = trainer.model.obs_norm
+    obs = batch["observation"].reshape(-1, 2)
+    torch.testing.assert_close(norm.loc, obs.mean(0))
+    torch.testing.assert_close(norm.scale, obs.std(0))
+    changed = {k for k in after if not torch.equal(after[k], before[k])}
+    assert changed and all(k.endswith(("loc", "scale")) for k in changed)
+    trainer.batches = 1  # the next batch trains
+    stats = trainer.update(next(iter(trainer.collector)))
+    assert stats["loss_critic"] == stats["loss_critic"]
+
+
 def test_obs_scale_multiplies_what_both_trunks_read():
     torch.manual_seed(0)
     plain = ActorCritic(ModelConfig(hidden_size=8), obs_dim=2, n_actions=2)
