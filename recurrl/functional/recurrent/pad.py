@@ -15,8 +15,9 @@ original layout, i.e. plain ``nn.LSTM``.
 With torch's fused kernels (``fused_weights`` given, the modules' default), the windows are
 merged into a few calls whose padding steps are frozen exactly, see
 :mod:`recurrl.functional.recurrent.pad_frozen`; when every restart inside a row starts from
-zeros (a collector's batches), the rows may instead stay whole with a flush step before each
-restart, see :mod:`recurrl.functional.recurrent.pad_flush`; the cheaper estimate wins. The
+zeros (a collector's batches), the trajectories may instead run one after the other, packed
+into as many rows, with a flush step before each restart, see
+:mod:`recurrl.functional.recurrent.pad_flush`; the cheaper estimate wins. The
 plain windows above serve custom runners (python-based modules), whose weights cannot take
 the extra input column.
 """
@@ -31,7 +32,7 @@ from torch import Tensor
 
 from recurrl.functional.recurrent.config import RNNConfig
 from recurrl.functional.recurrent.pad_flush import (
-    flush_applies,
+    flush_check,
     flush_cost,
     flush_plan,
     flush_unroll,
@@ -101,8 +102,9 @@ def pad_unroll(
         windows = frozen_plan(cfg, pieces.lengths)
         if flush_cost(cfg, starts) < windows.cost:
             restarts = seg_start[seg_start % steps != 0]
-            if flush_applies(states, is_init, restarts=torch.from_numpy(restarts).to(x.device)):
-                plan = flush_plan(is_init, starts=starts)
+            free = flush_check(states, is_init, restarts=torch.from_numpy(restarts).to(x.device))
+            if free is not None:
+                plan = flush_plan(is_init, starts=starts, free=free)
                 y, new_states = flush_unroll(
                     cfg, fused_weights, x, states, is_init, training=training, plan=plan
                 )

@@ -2,9 +2,10 @@
 
 In the batches a collector produces (``[N, T]`` rows cut from env streams), a restart inside
 a row is an episode start, and the state stored there is the primer's zeros. Then nothing
-has to be split: each row keeps its layout and, before each restart, gets one extra *flush*
-step whose only input is a flag column that saturates the gates so that the state becomes
-exactly zero, which is where the next episode must start:
+has to be split: the trajectories are laid out on ``N`` rows of a grid, one after the other,
+with one extra *flush* step between two of them, whose only input is a flag column that
+saturates the gates so that the state becomes exactly zero, which is where the next
+trajectory must start:
 
 * LSTM (gates ``i, f, g, o``): ``-s`` on ``i`` and ``f``, so ``i == f == 0.0`` and
   ``c = f * c + i * g == 0``, ``h = o * tanh(0) == 0`` (projected or not);
@@ -14,27 +15,47 @@ exactly zero, which is where the next episode must start:
 
 ``s`` bounds every other contribution to those pre-activations (the layer input is zero on
 a flush step, ``|h|`` is bounded as in :mod:`~recurrl.functional.recurrent.pad_frozen`) plus
-800, so that ``sigmoid(-s)`` underflows to exactly 0 in float64 as in float32. A layer is one
-fused call on ``[N, T + R]`` (``R`` the most restarts in a row) instead of the several calls
-of the piece grid, and the outputs at the real steps are read back with one gather.
+800, so that ``sigmoid(-s)`` underflows to exactly 0 (and ``sigmoid(s)`` rounds to exactly 1)
+in float64 as in float32. A layer is one fused call on the grid instead of the several calls
+of the piece grid, and the outputs at the real steps are read back with one gather (the
+indices are made once per batch, on the host, in :func:`flush_plan`).
+
+**Packing.** Since every trajectory that starts from zeros can run after a flush step in
+any row, the grid need not keep the batch's rows: :func:`flush_plan` packs the trajectories
+into ``N`` rows, longest first, each into the row that is shortest so far (greedy bin
+packing), so that the grid is ``W`` wide with ``W`` close to ``T + ceil(restarts / N)``
+rather than ``T + R`` (``R`` the most restarts in a row; e.g. ``W = 69`` instead of ``74``
+at mean episode 16, ``80`` instead of ``88`` at mean episode 4, ``N = 32``, ``T = 64``).
+Only a row's first trajectory that continues from a stored state that is not zero is bound
+to its place: it stays first in its own row, whose fused call starts from that state
+(``h0``/``c0``); a row whose stored start state is zero lets its first trajectory move too,
+and takes another's. Where packing would not be narrower, every row keeps its layout. The
+steps after a row's last trajectory are flush steps for the GRU; for the LSTM they are
+*freeze* steps, a second flag column with ``-s`` on ``i`` and ``+s`` on ``f`` (``i == 0.0``,
+``f == 1.0``: ``c`` carried bit for bit), so that the ``c`` torch returns after the last step
+is that of the row's last trajectory.
 
 torch's LSTM returns ``c`` only after the last step of each row, while ``("next", c)`` is due
 at every trajectory end. In training on CPU, oneDNN keeps ``c`` of every step in the
 workspace of its fused call, and it is read from there
 (:mod:`~recurrl.functional.recurrent.onednn_cells`, which also says how the layout is found
-and checked); its gradient, when one is asked for, is that of the recomputation below.
-Otherwise ``c`` is recomputed from the outputs: with ``h_{t-1}`` known at every step, the
-gates ``i, f, g`` of all steps are one matmul, and ``c_t = f_t c_{t-1} + i_t g_t`` is a
-linear recurrence, run by :class:`_LinearRecurrence` (one fused multiply-add per step, and
-the same backwards).
+and checked; it is checked on every step of the grid); its gradient, when one is asked for,
+is that of the recomputation below. Otherwise the ends of the rows' last trajectories come
+from the returned ``c`` (the packing puts each row's longest movable trajectory last) and
+the others are recomputed from the outputs over the grid's first ``P`` steps only (``P``: up
+to the last of those ends): with ``h_{t-1}`` known at every step, the gates ``i, f, g`` are
+one matmul on the grid's own inputs (the flags included, so a flush step gives ``c == 0``
+exactly as in the fused call), and ``c_t = f_t c_{t-1} + i_t g_t`` is a linear recurrence,
+run by :class:`_LinearRecurrence` (one fused multiply-add per step, and the same backwards).
 
 This path needs zero stored states at the restarts inside rows, and stored states that do
 not require grad (their gradient would be lost: the flush does not read them); otherwise
-``pad`` splits the rows into pieces (:func:`flush_applies` tells which).
+``pad`` splits the rows into pieces (:func:`flush_check` and :func:`flush_applies` tell).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -62,7 +83,15 @@ from recurrl.functional.recurrent.pad_frozen import (
 )
 from recurrl.functional.sequences import host_starts
 
-__all__ = ["FlushPlan", "flush_applies", "flush_cost", "flush_plan", "flush_unroll"]
+__all__ = [
+    "FlushPlan",
+    "flush_applies",
+    "flush_check",
+    "flush_cost",
+    "flush_plan",
+    "flush_unroll",
+    "packed_width",
+]
 
 _NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)
 _MARGIN = 800.0  # exp(800) overflows float64 (and float32): sigmoid(-s) == 0.0 exactly
@@ -72,17 +101,61 @@ _MARGIN = 800.0  # exp(800) overflows float64 (and float32): sigmoid(-s) == 0.0 
 _EXTRA_COST = {"lstm": 0.5, "gru": 0.4}
 
 
-def flush_applies(
+def flush_check(
     states: tuple[Tensor, ...], is_init: Tensor, *, restarts: Tensor | None = None
-) -> bool:
-    """Whether every restart inside a row starts from zeros, with no gradient to the states.
+) -> np.ndarray | None:
+    """Whether the flush layout applies and, if so, which rows may give their first trajectory.
 
-    One device synchronisation.
+    One device synchronisation. Returns ``None`` unless every restart inside a row starts
+    from zeros and no stored state requires grad; else a host bool array ``[N]``: the rows
+    whose stored state at ``t = 0`` is zero (every state, every layer), whose first
+    trajectory :func:`flush_plan` may move.
 
     Args:
         states: stored states, each ``[N, T, L, S]``.
         is_init: ``[N, T]`` bool.
         restarts: the flat indices (``n * T + t``) of the restarts inside rows, where known.
+
+    Examples:
+        >>> import torch
+        >>> h = torch.zeros(2, 3, 1, 2)
+        >>> h[1, 0] = 0.5  # row 1 continues from a state that is not zero
+        >>> is_init = torch.tensor([[False, True, False], [False, False, True]])
+        >>> flush_check((h,), is_init).tolist()
+        [True, False]
+        >>> h[0, 1] = 1.0  # a restart from a state that is not zero
+        >>> flush_check((h,), is_init) is None
+        True
+    """
+    if any(s.requires_grad for s in states):
+        return None
+    if restarts is None:
+        inside = is_init.clone()
+        inside[:, 0] = False
+        restarts = inside.reshape(-1).nonzero().squeeze(1)
+    n, steps = is_init.shape
+    rows = n * steps
+    if all(s.device.type == "cpu" and s.dtype in _NUMPY_FLOATS for s in states):  # no kernels
+        at = restarts.cpu().numpy()
+        flat = [s.reshape(rows, -1).numpy() for s in states]
+        if any(f[at].any() for f in flat):
+            return None
+        start = np.zeros(n, dtype=bool)
+        for f in flat:
+            start |= f.reshape(n, steps, -1)[:, 0].any(axis=1)
+        return ~start
+    stored = torch.cat([s.reshape(rows, -1).index_select(0, restarts) for s in states], dim=1)
+    first = torch.cat([s[:, 0].reshape(n, -1) for s in states], dim=1)
+    flags = torch.cat([stored.any().view(1), first.ne(0).any(dim=1)]).cpu().numpy()
+    return None if flags[0] else ~flags[1:]
+
+
+def flush_applies(
+    states: tuple[Tensor, ...], is_init: Tensor, *, restarts: Tensor | None = None
+) -> bool:
+    """Whether every restart inside a row starts from zeros, with no gradient to the states.
+
+    One device synchronisation; :func:`flush_check` also says which rows start from zeros.
 
     Examples:
         >>> import torch
@@ -94,93 +167,177 @@ def flush_applies(
         >>> flush_applies((h,), is_init)
         False
     """
-    if any(s.requires_grad for s in states):
-        return False
-    if restarts is None:
-        inside = is_init.clone()
-        inside[:, 0] = False
-        restarts = inside.reshape(-1).nonzero().squeeze(1)
-    rows = is_init.numel()
-    if all(s.device.type == "cpu" and s.dtype in _NUMPY_FLOATS for s in states):  # no kernels
-        at = restarts.cpu().numpy()
-        return not any(s.reshape(rows, -1).numpy()[at].any() for s in states)
-    stored = [s.reshape(rows, -1).index_select(0, restarts) for s in states]
-    return not bool(torch.cat(stored, dim=1).any())
+    return flush_check(states, is_init, restarts=restarts) is not None
 
 
 @dataclass(frozen=True)
 class FlushPlan:
     """Where :func:`flush_unroll` puts every step of an ``[N, T]`` batch on its grid.
 
-    Row ``n`` of the grid holds row ``n`` of the batch, in order, with a flush step inserted
-    before each restart; rows with fewer restarts than the most end with flush steps. The
-    grid is time-major, ``[width, N]`` (oneDNN's own layout): grid index ``position * N + n``.
-    Index tensors live on ``is_init``'s device.
+    Each of the grid's ``N`` rows holds whole trajectories, a flush step between two of them,
+    and after the last one padding steps up to the width (see the module docstring). The
+    grid is time-major, ``[width, N]`` (oneDNN's own layout): grid index ``position * N +
+    row``. Index tensors live on ``is_init``'s device.
 
     Attributes:
-        width: ``T`` plus the most restarts in a row.
+        width: the grid's width ``W``.
+        unpacked_width: ``T`` plus the most restarts in a row, the width without packing.
         rows: ``N``.
         real: ``[N * T]`` grid index of every real step, in batch-major order.
-        before: ``[(T - 1) * N]`` grid index of the grid step just before every real step
-            ``t >= 1``, in time-major order (a flush step before a restart).
-        restart: ``[T, N, 1]`` bool, the restarts inside rows, time-major.
         end_step: ``[E]`` flat index (``n * T + t``) of the last step of every trajectory.
         end_grid: ``[E]`` grid index of the same steps.
-        end_time_major: ``[E]`` time-major index (``t * N + n``) of the same steps.
+        prefix: ``P``, the grid steps whose LSTM ``c`` is recomputed when it is not read
+            from a workspace: every trajectory end but the rows' last ones lies before it.
+        end_c: ``[E]`` index of every trajectory's end in ``cat([c of the first P grid
+            steps, [P * N, H]; c after the last grid step, [N, H]])``.
+        flags: ``[W * N, 2]`` float32, 1 on the flush steps (first column) and on the padding
+            steps after each row's last trajectory (second column).
     """
 
     width: int
+    unpacked_width: int
     rows: int
     real: Tensor
-    before: Tensor
-    restart: Tensor
     end_step: Tensor
     end_grid: Tensor
-    end_time_major: Tensor
+    prefix: int
+    end_c: Tensor
+    flags: Tensor
 
 
-def flush_plan(is_init: Tensor, *, starts: np.ndarray | None = None) -> FlushPlan:
+def packed_width(starts: np.ndarray) -> int:
+    """A lower bound of :func:`flush_plan`'s width, which greedy packing nearly always meets.
+
+    Every trajectory but a row's first takes its steps and one flush step, on ``N`` rows:
+    ``T + ceil((E - N) / N)`` for ``E`` trajectories. No sort, no loop.
+
+    Examples:
+        >>> import numpy as np
+        >>> starts = np.zeros((2, 8), dtype=bool)
+        >>> starts[:, 0] = True
+        >>> starts[0, [2, 4, 6]] = True  # 3 restarts in row 0, none in row 1
+        >>> packed_width(starts)
+        10
+    """
+    n, steps = starts.shape
+    return steps + -(-(int(starts.sum()) - n) // n)
+
+
+def _pack(
+    length: np.ndarray, row: np.ndarray, anchored: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy packing of trajectories into ``n`` rows: ``(row, slot)`` of each.
+
+    A trajectory of length ``l`` takes ``l + 1`` steps of a row (its flush step), a row
+    holds ``width + 1``. Anchored trajectories are first in their own row; the others, longest
+    first, go to the shortest row so far. In each row the longest moved trajectory is put
+    last (its end ``c`` is the fused call's final one).
+    """
+    load = np.zeros(n, dtype=np.int64)
+    load[row[anchored]] = length[anchored] + 1
+    movable = np.flatnonzero(~anchored)
+    movable = movable[np.argsort(-length[movable], kind="stable")]
+    heap = (load * n + np.arange(n)).tolist()  # (load, row) as one int: fast to compare
+    heapq.heapify(heap)
+    replace = heapq.heapreplace
+    target = [replace(heap, heap[0] + size) for size in ((length[movable] + 1) * n).tolist()]
+    target = np.array(target, dtype=np.int64) % n
+    prow = row.copy()
+    slot = np.zeros(len(length), dtype=np.int64)
+    if not len(movable):
+        return prow, slot
+    prow[movable] = target
+    # slots: anchored 0, the moved ones in the order they came (a stable sort by row), but
+    # the longest moved one of each row (its first) last
+    by_row = np.argsort(prow[movable], kind="stable")
+    moved_rows = prow[movable][by_row]
+    head = np.flatnonzero(np.append(True, moved_rows[1:] != moved_rows[:-1]))
+    rank = np.arange(len(by_row)) - np.repeat(head, np.diff(np.append(head, len(by_row))))
+    rank[head] = len(length)  # after every other
+    slot[movable[by_row]] = rank + 1
+    return prow, slot
+
+
+def flush_plan(
+    is_init: Tensor, *, starts: np.ndarray | None = None, free: np.ndarray | None = None
+) -> FlushPlan:
     """The grid of :func:`flush_unroll` for ``is_init [N, T]`` (one host sync).
 
     ``starts`` is :func:`~recurrl.functional.sequences.host_starts` of ``is_init`` where
-    already made (then no sync).
+    already made (then no sync). ``free [N]`` (host bool, :func:`flush_check`) marks the rows
+    whose stored state at ``t = 0`` is zero, whose first trajectory may move; by default
+    none. Trajectories that start inside rows always may (see the module docstring).
 
     Examples:
         >>> import torch
-        >>> is_init = torch.tensor([[False, True, False], [False, False, False]])
-        >>> plan = flush_plan(is_init)  # row 0: step 0, flush, steps 1 and 2; row 1: 3 + flush
-        >>> plan.width, (plan.real // 2).view(2, 3).tolist(), plan.end_step.tolist()
-        (4, [[0, 2, 3], [0, 1, 2]], [0, 2, 5])
+        >>> is_init = torch.tensor([[False, True, True], [False, False, False]])
+        >>> plan = flush_plan(is_init)  # row 0: step 0, flush, step 1, flush, step 2
+        >>> plan.width, plan.unpacked_width
+        (5, 5)
+        >>> is_init = torch.zeros(2, 6, dtype=torch.bool)
+        >>> is_init[0, 1:] = True  # row 0: six trajectories of 1 step
+        >>> is_init[1, 3] = True  # row 1: two of 3 steps
+        >>> plan = flush_plan(is_init, free=np.array([True, True]))
+        >>> plan.width, plan.unpacked_width  # each row: 3 steps and three of 1, with flushes
+        (9, 11)
     """
     n, steps = is_init.shape
     if starts is None:
         starts = host_starts(is_init)
-    restart = starts.copy()
-    restart[:, 0] = False
-    pos = np.arange(steps) + np.cumsum(restart, axis=1)  # [N, T] grid position of each step
-    width = int(pos[:, -1].max()) + 1
-    grid = pos * n + np.arange(n)[:, None]
-    ends = np.ones_like(starts)
-    ends[:, :-1] = starts[:, 1:]
-    end_step = np.flatnonzero(ends)
-    parts = [
-        grid.reshape(-1),
-        grid.T[1:].reshape(-1) - n,
-        end_step,
-        grid.reshape(-1)[end_step],
-        (end_step % steps) * n + end_step // steps,
-    ]
+    seg = np.flatnonzero(starts)  # flat index of every trajectory's first step, in order
+    length = np.diff(seg, append=n * steps)
+    row = seg // steps
+    first = seg % steps == 0
+    anchored = first if free is None else first & ~np.asarray(free, dtype=bool)[row]
+    count = np.bincount(row, minlength=n)
+    unpacked = steps + int(count.max()) - 1
+    if packed_width(starts) < unpacked:
+        prow, slot = _pack(length, row, anchored, n)
+        order = np.lexsort((slot, prow))
+        load = np.bincount(prow, weights=length + 1, minlength=n).astype(np.int64)
+    if packed_width(starts) >= unpacked or int(load.max()) - 1 >= unpacked:
+        # packing is no narrower: every row keeps its layout
+        prow, order, load = row, np.arange(len(seg)), steps + count
+    width = int(load.max()) - 1
+    # position of every trajectory's first step in its row, trajectories in grid order
+    size = length[order] + 1
+    row_sorted = prow[order]
+    head = np.flatnonzero(np.append(True, row_sorted[1:] != row_sorted[:-1]))
+    before = np.cumsum(size) - size  # steps of the rows before, and of the row up to here
+    pos = np.empty(len(seg), dtype=np.int64)
+    pos[order] = before - np.repeat(before[head], np.diff(np.append(head, len(seg))))
+    is_last = np.zeros(len(seg), dtype=bool)
+    is_last[order[np.append(head[1:], len(seg)) - 1]] = True
+    # every real step's grid index (steps are in flat order, as the trajectories)
+    traj = np.repeat(np.arange(len(seg)), length)
+    offset = np.arange(n * steps) - seg[traj]
+    real = (pos[traj] + offset) * n + prow[traj]
+    end_pos = pos + length - 1
+    end_step = seg + length - 1
+    end_grid = end_pos * n + prow
+    inner = end_pos[~is_last]
+    prefix = int(inner.max()) + 1 if len(inner) else 0
+    end_c = np.where(is_last, prefix * n + prow, end_grid)
+    flags = np.zeros((width, n, 2), dtype=np.float32)
+    flags[..., 0] = 1.0
+    flags.reshape(-1, 2)[real, 0] = 0.0
+    used = load - 1  # each row's steps up to its last trajectory's end
+    pad = np.arange(width)[:, None] >= used[None, :]
+    flags[pad, 0] = 0.0
+    flags[pad, 1] = 1.0
+    parts = [real, end_step, end_grid, end_c]
     index = torch.from_numpy(np.concatenate(parts)).to(is_init.device)  # one copy
-    real, before, end_step_t, end_grid, end_time_major = index.split([len(q) for q in parts])
+    real_t, end_step_t, end_grid_t, end_c_t = index.split([len(q) for q in parts])
     return FlushPlan(
         width=width,
+        unpacked_width=unpacked,
         rows=n,
-        real=real,
-        before=before,
-        restart=torch.from_numpy(restart.T.copy()).to(is_init.device).unsqueeze(-1),
+        real=real_t,
         end_step=end_step_t,
-        end_grid=end_grid,
-        end_time_major=end_time_major,
+        end_grid=end_grid_t,
+        prefix=prefix,
+        end_c=end_c_t,
+        flags=torch.from_numpy(flags.reshape(-1, 2)).to(is_init.device),
     )
 
 
@@ -188,7 +345,8 @@ def flush_cost(cfg: RNNConfig, starts: Tensor | np.ndarray) -> float:
     """Estimated cost of :func:`flush_unroll` in row-steps per layer.
 
     ``starts`` is ``is_init [N, T]`` (one host sync) or
-    :func:`~recurrl.functional.sequences.host_starts` of it. In the units of
+    :func:`~recurrl.functional.sequences.host_starts` of it. The grid's width is that of
+    the packed layout (:func:`packed_width`: a sum, no packing). In the units of
     :func:`~recurrl.functional.recurrent.pad_frozen.kernel_costs`, comparable with
     :func:`~recurrl.functional.recurrent.pad_frozen.frozen_plan`'s estimate: ``pad`` takes the
     cheaper of the two layouts when both apply.
@@ -204,7 +362,7 @@ def flush_cost(cfg: RNNConfig, starts: Tensor | np.ndarray) -> float:
     if isinstance(starts, Tensor):
         starts = host_starts(starts)
     n, steps = starts.shape
-    width = steps - 1 + int(starts.sum(1).max())  # one flush step per restart in a row
+    width = packed_width(starts)
     call, step = kernel_costs(cfg)
     cost = call + width * (step + n) + _EXTRA_COST[cfg.mode] * n * steps
     return cost + fresh_memory_cost(cfg, width * n)
@@ -236,9 +394,14 @@ class _LinearRecurrence(torch.autograd.Function):
         return d_a, d_b, d_b[0] * a[0]
 
 
-def _flush_column(cfg: RNNConfig, w: LayerWeights, h_max: Tensor | float) -> Tensor:
-    """Weights ``[G*H, 1]`` of the flush flag (see the module docstring; no host sync).
+def _flag_columns(
+    cfg: RNNConfig, w: LayerWeights, h_max: Tensor | float, in_max: Tensor | float
+) -> Tensor:
+    """Weights ``[G*H, k]`` of the flag columns (see the module docstring; no host sync).
 
+    LSTM: the flush column and the freeze column (``k = 2``); GRU: the flush column.
+    ``in_max`` bounds the layer's input on the padding steps (zero but where an LSTM layer
+    reads the layer below's outputs as they are, see :func:`flush_unroll`).
     The GRU's ``-b_in`` entry stays attached to ``bias_ih``: on a flush step the bias and the
     flag cancel in value, and so their gradients must cancel too.
     """
@@ -247,48 +410,55 @@ def _flush_column(cfg: RNNConfig, w: LayerWeights, h_max: Tensor | float) -> Ten
         reach = w.weight_hh.abs().sum(1) * h_max
         if cfg.bias:
             reach = reach + (w.bias_ih + w.bias_hh).abs()
+        if not isinstance(in_max, float) or in_max:
+            reach = reach + w.weight_ih.abs().sum(1) * in_max
         s = (reach[: 2 * hid].max() + _MARGIN).clamp(max=1e30)
         column = torch.zeros_like(reach)
         column[: 2 * hid] = -s  # LSTM: i and f; GRU: r and z
-    if cfg.mode == "gru" and cfg.bias:
+    if cfg.mode == "lstm":
+        with torch.no_grad():
+            freeze = column.clone()
+            freeze[hid : 2 * hid] = s  # f == 1.0: c carried
+        return torch.stack([column, freeze], dim=1)
+    if cfg.bias:
         column = torch.cat([column[: 2 * hid], -w.bias_ih[2 * hid :]])
     return column.unsqueeze(1)
 
 
-def _recompute_c(
-    cfg: RNNConfig,
-    w: LayerWeights,
-    layer_in: Tensor,
+def _grid_cells(
+    hid: int,
+    weights: Sequence[Tensor | None],
+    grid: Tensor,
     y_flat: Tensor,
     h0: Tensor,
     c0: Tensor,
-    plan: FlushPlan,
+    steps: int,
 ) -> Tensor:
-    """The LSTM cell state after every step, time-major ``[T, N, H]``, from the outputs.
+    """The LSTM cell state after each of the grid's first ``steps`` steps, ``[steps, N, H]``.
 
-    ``layer_in [N, T, F]``, ``y_flat [W * N, O]`` the layer's outputs on the grid, ``h0``/``c0
-    [N, O]``/``[N, H]`` the states before the first step.
+    ``weights`` are the layer's ``weight_ih`` with its flag columns, ``weight_hh`` and the
+    biases (or ``None``); ``grid [W, N, F + k]`` its input, ``y_flat [W * N, O]`` its
+    outputs, ``h0``/``c0 [N, O]``/``[N, H]`` the rows' start states.
     """
-    hid = cfg.hidden_size
-    steps, n = plan.restart.shape[:2]
-    # the state before each step: h0 at t = 0, else the output of the grid step before it
-    # (exactly zero on a flush step, hence before a restart)
-    h_prev = torch.cat([h0, gather_rows(y_flat, plan.before)]).view(steps, n, -1)
+    weight_ih, weight_hh, bias_ih, bias_hh = weights
+    n = h0.shape[0]
+    # the state before each step: h0, then the output of the step before (exactly zero
+    # after a flush step; the flags saturate i and f wherever a row does not run a real step)
+    h_prev = torch.cat([h0.unsqueeze(0), y_flat[: (steps - 1) * n].view(steps - 1, n, -1)])
     # the gates i, f, g of every step in one matmul (o is not needed for c); g's rows are
     # doubled so that one sigmoid serves all three: tanh(x) = 2 * sigmoid(2x) - 1
-    scale = torch.ones(3 * hid, 1, dtype=layer_in.dtype, device=layer_in.device)
+    scale = torch.ones(3 * hid, 1, dtype=grid.dtype, device=grid.device)
     scale[2 * hid :] = 2.0
-    weight = torch.cat([w.weight_ih[: 3 * hid], w.weight_hh[: 3 * hid]], dim=1) * scale
-    xh = torch.cat([layer_in.transpose(0, 1), h_prev], dim=2).view(steps * n, -1)
-    if cfg.bias:
-        bias = (w.bias_ih[: 3 * hid] + w.bias_hh[: 3 * hid]) * scale.squeeze(1)
+    weight = torch.cat([weight_ih[: 3 * hid], weight_hh[: 3 * hid]], dim=1) * scale
+    xh = torch.cat([grid[:steps], h_prev], dim=2).view(steps * n, -1)
+    if bias_ih is not None:
+        bias = (bias_ih[: 3 * hid] + bias_hh[: 3 * hid]) * scale.squeeze(1)
         gates = torch.addmm(bias, xh, weight.t())
     else:
         gates = xh @ weight.t()
     i, f, g2 = gates.sigmoid_().view(steps, n, 3 * hid).split(hid, dim=2)
-    a = f.masked_fill(plan.restart, 0.0)
     b = torch.addcmul(-i, i, g2, value=2.0)  # i * tanh(g)
-    return _LinearRecurrence.apply(a, b, c0)
+    return _LinearRecurrence.apply(f, b, c0)
 
 
 def _lstm_with_cells(
@@ -296,7 +466,6 @@ def _lstm_with_cells(
     w: LayerWeights,
     params: list[Tensor],
     grid: Tensor,
-    layer_in: Tensor,
     h0: Tensor,
     c0: Tensor,
     plan: FlushPlan,
@@ -305,33 +474,34 @@ def _lstm_with_cells(
     """One LSTM layer on the grid: its outputs ``[W, N, O]`` and ``c`` at every trajectory end.
 
     ``c`` is read from oneDNN's workspace where a call of the same signature has shown it
-    to hold them (see :mod:`~recurrl.functional.recurrent.onednn_cells`), recomputed from
-    the outputs otherwise.
+    to hold them (see :mod:`~recurrl.functional.recurrent.onednn_cells`); otherwise the rows'
+    last ends are the call's final ``c`` and the others are recomputed from the outputs.
     """
     hid = cfg.hidden_size
+    n = plan.rows
     y_grid, cy, ws = lstm_layer(grid, h0, c0, params, cfg.bias, training)
     y_flat = y_grid.view(-1, y_grid.shape[-1])
-    steps = plan.restart.shape[0]
-    weights = [w.weight_ih, w.weight_hh, w.bias_ih, w.bias_hh]
+    weights = [params[0], w.weight_hh, w.bias_ih, w.bias_hh]
 
-    def recompute(layer_in, y_flat, h0, c0, *weights):
-        w = LayerWeights(*weights, None)
-        c = _recompute_c(cfg, w, layer_in, y_flat, h0, c0, plan)
-        return c.view(steps * plan.rows, -1).index_select(0, plan.end_time_major)
+    def recompute(grid, y_flat, h0, c0, cy, *weights):
+        if not plan.prefix:  # every end is a row's last
+            return cy.index_select(0, plan.end_c)
+        c = _grid_cells(hid, weights, grid, y_flat, h0, c0, plan.prefix)
+        return torch.cat([c.view(-1, hid), cy]).index_select(0, plan.end_c)
 
     if ws is not None:
         known, layout = known_layout(grid, hid)
-        if not known:  # the first call of this signature: learn where the states lie
-            c = _recompute_c(cfg, w, layer_in, y_flat, h0, c0, plan)
-            at = plan.real.view(plan.rows, steps).t().reshape(-1)  # time-major, as c
-            layout = learn_layout(grid, ws, cy.detach(), c.detach().view(-1, hid), at)
-            if layout is None:  # not there: the recomputation just made is the answer
-                return y_grid, c.view(steps * plan.rows, -1).index_select(0, plan.end_time_major)
+        full = plan.width - 1  # the workspace holds every step but the last
+        if not known and full * n >= 2:  # the first call of this signature: learn the layout
+            with torch.no_grad():
+                c = _grid_cells(hid, weights, grid, y_flat, h0, c0, full).view(-1, hid)
+            at = torch.arange(full * n, device=grid.device)
+            layout = learn_layout(grid, ws, cy.detach(), c, at)
         if layout is not None:
             values = read_cells(ws, layout, cy.detach()).index_select(0, plan.end_grid)
-            c_ends = WorkspaceCells.apply(values, recompute, layer_in, y_flat, h0, c0, *weights)
+            c_ends = WorkspaceCells.apply(values, recompute, grid, y_flat, h0, c0, cy, *weights)
             return y_grid, c_ends
-    return y_grid, recompute(layer_in, y_flat, h0, c0, *weights)
+    return y_grid, recompute(grid, y_flat, h0, c0, cy, *weights)
 
 
 def flush_unroll(
@@ -347,39 +517,43 @@ def flush_unroll(
     """Reset-aware LSTM/GRU over ``x [N, T, F]`` with flush steps; see the module docstring.
 
     Requires :func:`flush_applies`. ``plan`` is :func:`flush_plan` of ``is_init`` (made here
-    if not given). Returns the output ``[N, T, O]`` and the states, each ``[N, T, L, S]``,
-    exact at every trajectory end and zero elsewhere.
+    if not given, with the rows :func:`flush_check` finds starting from zeros). Returns the
+    output ``[N, T, O]`` and the states, each ``[N, T, L, S]``, exact at every trajectory end
+    and zero elsewhere.
     """
     n, steps = is_init.shape
     if plan is None:
-        plan = flush_plan(is_init)
+        plan = flush_plan(is_init, free=flush_check(states, is_init))
     cells = plan.width * n
-    # the flag is 1 on every grid step that is not a real step: the flush steps before the
-    # restarts, and those that end the rows with fewer restarts than the most
-    flag = x.new_ones(cells, 1).index_fill_(0, plan.real, 0.0)
-
     lstm = cfg.mode == "lstm"
+    # 1 on every grid step that is not a real step: LSTM, flush and freeze columns; GRU, one
+    flags = plan.flags if lstm else plan.flags.sum(1, keepdim=True)
+    flags = flags.to(x.dtype)
+
     dropout = training and cfg.dropout > 0
     layer_in = x
-    y_flat = y = None
+    y_flat = y = w = None
     ends: list[list[Tensor]] = [[] for _ in states]
     for layer in range(cfg.num_layers):
+        below = w
         w = cfg.layer_weights(flat_weights, layer)
         h0 = states[0][:, 0, layer]
-        column = _flush_column(cfg, w, h_bound(cfg, w, h0))
-        params = layer_params(cfg, w, column)
+        in_max: Tensor | float = 0.0
         if y_flat is not None and lstm and not dropout:
-            # the previous layer's outputs are exactly zero on every step that is not real, and
-            # no gradient leaves those steps: the gates that read them are saturated there
+            # the layer below's outputs as they are: exactly zero on the flush steps, and
+            # bounded on the freeze steps, which the flag columns saturate with that bound.
+            # No gradient leaves those steps: the gates that read them are saturated there.
             grid = y_flat
-        else:  # (the GRU's candidate is not saturated on a flush step, see _flush_column)
+            in_max = h_bound(cfg, below, h0)
+        else:  # (the GRU's candidate is not saturated on a flush step, see _flag_columns)
             flat_in = layer_in.reshape(n * steps, -1)
             grid = flat_in.new_zeros(cells, flat_in.shape[1]).index_copy(0, plan.real, flat_in)
-        grid = torch.cat([grid, flag], dim=1).view(plan.width, n, -1)
+        column = _flag_columns(cfg, w, h_bound(cfg, w, h0), in_max)
+        params = layer_params(cfg, w, column)
+        grid = torch.cat([grid, flags], dim=1).view(plan.width, n, -1)
         if lstm:
             c0 = states[1][:, 0, layer]
-            y_grid, c_ends = _lstm_with_cells(cfg, w, params, grid, layer_in, h0, c0, plan,
-                                              training)  # fmt: skip
+            y_grid, c_ends = _lstm_with_cells(cfg, w, params, grid, h0, c0, plan, training)
             ends[1].append(c_ends)
         else:
             y_grid = torch.gru(grid, h0.unsqueeze(0), params, cfg.bias, 1, 0.0, training, False,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,11 +20,14 @@ from recurrl.functional.recurrent.pad import fused_runner, pad_unroll
 from recurrl.functional.recurrent.pad_flush import (
     _LinearRecurrence,
     flush_applies,
+    flush_check,
     flush_cost,
+    flush_plan,
     flush_unroll,
+    packed_width,
 )
 from recurrl.functional.recurrent.pad_frozen import frozen_plan, frozen_unroll
-from recurrl.functional.sequences import split_pieces
+from recurrl.functional.sequences import host_starts, split_pieces
 
 from ._reference import LAYOUT_SPECS, loss_of, make_problem, reference_unroll, zero_restarts
 
@@ -171,3 +175,163 @@ def test_inter_layer_dropout_matches_the_piece_grid(mode):
 
 def _frozen(cfg, weights, x, states, is_init, *, training):
     return frozen_unroll(cfg, weights, x, states, split_pieces(is_init), training=training)
+
+
+# --- packing: trajectories that start from zeros fill the shortest rows ------------------
+
+
+def _packed_problem(mode, *, seed, n, steps, num_layers, dtype=torch.float32, proj_size=0):
+    """Random restarts from zeros, with a row without restarts, a row of restarts only, and
+    rows that continue from stored states: zero (free to move) and not zero (anchored)."""
+    p = make_problem(mode, n=n, steps=steps, num_layers=num_layers, p_init=0.25, seed=seed,
+                     dtype=dtype, proj_size=proj_size)  # fmt: skip
+    p.is_init[0] = False  # no restart at all
+    p.is_init[1] = True  # every step a restart
+    zero_restarts(p)
+    for s in p.states:
+        s[2::2, 0] = 0.0  # even rows from 2 on start from zeros: their first trajectory moves
+    return p
+
+
+def _plan_of(p):
+    return flush_plan(p.is_init, free=flush_check(p.states, p.is_init))
+
+
+def _check_plan(plan, p):
+    """Every real step has its own cell; a row that continues from a state that is not zero
+    keeps its first trajectory first in its own row; the flags mark the rest."""
+    n, steps = p.is_init.shape
+    real = plan.real.tolist()
+    assert len(set(real)) == n * steps and max(real) < plan.width * n
+    free = flush_check(p.states, p.is_init)
+    for row in range(n):
+        if not free[row]:
+            assert real[row * steps] == row  # position 0 of its own row
+    flags = plan.flags.sum(1)
+    assert flags[plan.real].eq(0).all() and flags.sum() == plan.width * n - n * steps
+    assert plan.flags.max() == 1.0 and plan.flags.sum(1).max() == 1.0
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+@pytest.mark.parametrize("num_layers", [1, 2])
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("seed", [20, 21, 22])
+def test_packed_layout_matches_reference(mode, num_layers, training, seed):
+    """Outputs, every end state and their gradients as the independent reference, with the
+    trajectories packed (in training the LSTM's ``c`` comes from oneDNN's workspace from the
+    second call of a signature on)."""
+    p = _packed_problem(mode, seed=seed, n=6, steps=11, num_layers=num_layers)
+    plan = _plan_of(p)
+    _check_plan(plan, p)
+    x_ref = p.x.clone().requires_grad_(True)
+    y_ref, next_ref = reference_unroll(p.rnn, x_ref, p.states, p.is_init)
+    grads_ref = torch.autograd.grad(loss_of(y_ref, next_ref), [x_ref, *p.weights])
+    for _ in range(2 if training else 1):
+        x = p.x.clone().requires_grad_(True)
+        y, nxt = flush_unroll(p.cfg, p.weights, x, p.states, p.is_init, training=training,
+                              plan=plan)  # fmt: skip
+        torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-4)
+        for s, s_ref in zip(nxt, next_ref, strict=True):
+            torch.testing.assert_close(s, s_ref, atol=1e-5, rtol=1e-4)
+        grads = torch.autograd.grad(loss_of(y, nxt), [x, *p.weights])
+        for g, g_ref in zip(grads, grads_ref, strict=True):
+            torch.testing.assert_close(g, g_ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_packed_layout_float64_and_projection(mode):
+    p = _packed_problem(mode, seed=23, n=5, steps=13, num_layers=2, dtype=torch.float64,
+                        proj_size=2 if mode == "lstm" else 0)  # fmt: skip
+    assert _plan_of(p).width < _plan_of(p).unpacked_width
+    y, nxt = flush_unroll(p.cfg, p.weights, p.x, p.states, p.is_init, training=False)
+    y_ref, next_ref = reference_unroll(p.rnn, p.x, p.states, p.is_init)
+    torch.testing.assert_close(y, y_ref, atol=1e-10, rtol=1e-10)
+    for s, s_ref in zip(nxt, next_ref, strict=True):
+        torch.testing.assert_close(s, s_ref, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_packed_layout_gradcheck(mode):
+    """Finite differences through the packed grid: inputs, weights, every end state."""
+    p = _packed_problem(mode, seed=24, n=3, steps=5, num_layers=2, dtype=torch.float64)
+    p.is_init[2, 2] = True
+    zero_restarts(p)
+    plan = _plan_of(p)
+    assert plan.width < plan.unpacked_width
+    leaves = [p.x.clone().requires_grad_(True), *(w.detach().clone().requires_grad_(True)
+                                                   for w in p.weights)]  # fmt: skip
+
+    def fn(x, *weights):
+        y, nxt = flush_unroll(p.cfg, weights, x, p.states, p.is_init, training=False, plan=plan)
+        return (y, *nxt)
+
+    torch.autograd.gradcheck(fn, leaves)
+
+
+def test_packing_narrows_the_grid():
+    """One row of many short trajectories beside rows of one: packed, the grid is about as
+    wide as its steps and flush steps need (``T + ceil(restarts / N)``), not ``T + R``."""
+    is_init = torch.zeros(4, 12, dtype=torch.bool)
+    is_init[0, 1:] = True  # 11 restarts in row 0
+    plan = flush_plan(is_init)  # rows 1-3 continue from stored states: anchored
+    assert plan.unpacked_width == 23
+    # rows 1-3 take one one-step trajectory each after a flush (14 steps), row 0 the others
+    # (15 steps): at most 15 + 1 with greedy packing, and 15 at best (11 * 2 + 1 > 4 * 4 + 3 * 2)
+    assert plan.width == 16
+    assert packed_width(host_starts(is_init)) == 15
+    # all rows free: 12 trajectories, 3 to a row, each 1 + flush
+    is_init[1:, 6] = True  # rows 1-3: two trajectories of 6
+    plan = flush_plan(is_init, free=np.ones(4, dtype=bool))
+    assert plan.unpacked_width == 23
+    assert plan.width == packed_width(host_starts(is_init)) == 16
+    # nowhere to go: every row as long as the batch and anchored, and one restart
+    is_init = torch.zeros(2, 6, dtype=torch.bool)
+    is_init[0, 3] = True
+    plan = flush_plan(is_init)
+    assert plan.width == plan.unpacked_width == 7
+    # with the rows' start states zero, the long trajectory moves beside the short ones
+    plan = flush_plan(is_init, free=np.array([True, True]))
+    assert plan.width == 7
+
+
+def test_row_starts_from_states_that_are_not_zero_stay_first():
+    p = _packed_problem("lstm", seed=25, n=8, steps=10, num_layers=1)
+    free = flush_check(p.states, p.is_init)
+    assert free.tolist() == [False, False, True, False, True, False, True, False]
+    _check_plan(_plan_of(p), p)
+    p.states[0][4, 0, 0, 0] = float("nan")  # not zero: anchored
+    assert not flush_check(p.states, p.is_init)[4]
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_no_restart_needs_no_recomputation(mode):
+    """Without restarts every end is a row's last: the LSTM's ``c`` is the call's own."""
+    p = make_problem(mode, n=3, steps=6, p_init=0.0, seed=26)
+    plan = _plan_of(p)
+    assert plan.prefix == 0 and plan.width == 6
+    y, nxt = flush_unroll(p.cfg, p.weights, p.x, p.states, p.is_init, training=False, plan=plan)
+    y_ref, next_ref = reference_unroll(p.rnn, p.x, p.states, p.is_init)
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-4)
+    for s, s_ref in zip(nxt, next_ref, strict=True):
+        torch.testing.assert_close(s, s_ref, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("bias", "weight_scale"), [(60.0, 1.0), (-60.0, 1.0), (0.0, 20.0)])
+def test_freeze_steps_carry_c_whatever_the_weights(bias, weight_scale):
+    """The steps after a row's last trajectory carry the LSTM's ``c`` unchanged, also in the
+    second layer, which reads the first layer's outputs there as they are. (Float64: large
+    weights amplify float32's rounding.)"""
+    p = _packed_problem("lstm", seed=27, n=4, steps=9, num_layers=2, proj_size=2,
+                        dtype=torch.float64)  # fmt: skip
+    with torch.no_grad():
+        for name, param in p.rnn.named_parameters():
+            param.mul_(weight_scale)
+            if name.startswith("bias"):
+                param.fill_(bias)
+    plan = _plan_of(p)
+    assert plan.flags[:, 1].sum() > 0  # some rows end with freeze steps
+    y, nxt = flush_unroll(p.cfg, p.weights, p.x, p.states, p.is_init, training=False, plan=plan)
+    y_ref, next_ref = reference_unroll(p.rnn, p.x, p.states, p.is_init)
+    torch.testing.assert_close(y, y_ref, atol=1e-9, rtol=1e-9)
+    for s, s_ref in zip(nxt, next_ref, strict=True):
+        torch.testing.assert_close(s, s_ref, atol=1e-9, rtol=1e-9)
