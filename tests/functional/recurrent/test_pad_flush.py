@@ -298,6 +298,12 @@ def test_row_starts_from_states_that_are_not_zero_stay_first():
     p = _packed_problem("lstm", seed=25, n=8, steps=10, num_layers=1)
     free = flush_check(p.states, p.is_init)
     assert free.tolist() == [False, False, True, False, True, False, True, False]
+    # the same answer from torch's ops (dtypes numpy lacks, other devices)
+    as_bf16 = tuple(s.bfloat16() for s in p.states)
+    assert flush_check(as_bf16, p.is_init).tolist() == free.tolist()
+    row, t = p.is_init[:, 1:].nonzero()[0].tolist()
+    as_bf16[0][row, t + 1, 0, 0] = 1.0
+    assert flush_check(as_bf16, p.is_init) is None
     _check_plan(_plan_of(p), p)
     p.states[0][4, 0, 0, 0] = float("nan")  # not zero: anchored
     assert not flush_check(p.states, p.is_init)[4]
@@ -316,16 +322,21 @@ def test_no_restart_needs_no_recomputation(mode):
         torch.testing.assert_close(s, s_ref, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize(("bias", "weight_scale"), [(60.0, 1.0), (-60.0, 1.0), (0.0, 20.0)])
-def test_freeze_steps_carry_c_whatever_the_weights(bias, weight_scale):
+@pytest.mark.parametrize(
+    ("bias", "weight_scale", "scaled"),
+    [(60.0, 1.0, ""), (-60.0, 1.0, ""), (0.0, 20.0, ""), (0.0, 1e5, "weight_ih_l1")],
+)
+def test_freeze_steps_carry_c_whatever_the_weights(bias, weight_scale, scaled):
     """The steps after a row's last trajectory carry the LSTM's ``c`` unchanged, also in the
-    second layer, which reads the first layer's outputs there as they are. (Float64: large
-    weights amplify float32's rounding.)"""
+    second layer, which reads the first layer's outputs there as they are (whose bound the
+    flag columns must count: large input weights there). (Float64: large weights amplify
+    float32's rounding.)"""
     p = _packed_problem("lstm", seed=27, n=4, steps=9, num_layers=2, proj_size=2,
                         dtype=torch.float64)  # fmt: skip
     with torch.no_grad():
         for name, param in p.rnn.named_parameters():
-            param.mul_(weight_scale)
+            if name.startswith(scaled):  # all, or the second layer's input weights only
+                param.mul_(weight_scale)
             if name.startswith("bias"):
                 param.fill_(bias)
     plan = _plan_of(p)
