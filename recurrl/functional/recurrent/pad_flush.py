@@ -291,12 +291,13 @@ def flush_plan(
     anchored = first if free is None else first & ~np.asarray(free, dtype=bool)[row]
     count = np.bincount(row, minlength=n)
     unpacked = steps + int(count.max()) - 1
-    if packed_width(starts) < unpacked:
+    narrower = steps + -(-(len(seg) - n) // n) < unpacked  # packed_width(starts) < unpacked
+    if narrower:
         prow, slot = _pack(length, row, anchored, n)
         order = np.lexsort((slot, prow))
         load = np.bincount(prow, weights=length + 1, minlength=n).astype(np.int64)
-    if packed_width(starts) >= unpacked or int(load.max()) - 1 >= unpacked:
-        # packing is no narrower: every row keeps its layout
+        narrower = int(load.max()) - 1 < unpacked
+    if not narrower:  # packing is no narrower: every row keeps its layout
         prow, order, load = row, np.arange(len(seg)), steps + count
     width = int(load.max()) - 1
     # position of every trajectory's first step in its row, trajectories in grid order
@@ -308,10 +309,8 @@ def flush_plan(
     pos[order] = before - np.repeat(before[head], np.diff(np.append(head, len(seg))))
     is_last = np.zeros(len(seg), dtype=bool)
     is_last[order[np.append(head[1:], len(seg)) - 1]] = True
-    # every real step's grid index (steps are in flat order, as the trajectories)
-    traj = np.repeat(np.arange(len(seg)), length)
-    offset = np.arange(n * steps) - seg[traj]
-    real = (pos[traj] + offset) * n + prow[traj]
+    # every real step's grid index (the steps are in flat order, as the trajectories)
+    real = (np.arange(n * steps) + np.repeat(pos - seg, length)) * n + np.repeat(prow, length)
     end_pos = pos + length - 1
     end_step = seg + length - 1
     end_grid = end_pos * n + prow
