@@ -346,3 +346,26 @@ def test_freeze_steps_carry_c_whatever_the_weights(bias, weight_scale, scaled):
     torch.testing.assert_close(y, y_ref, atol=1e-9, rtol=1e-9)
     for s, s_ref in zip(nxt, next_ref, strict=True):
         torch.testing.assert_close(s, s_ref, atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_pad_packs_with_the_rows_that_start_from_zeros(mode, monkeypatch):
+    """``pad`` hands ``flush_plan`` the rows whose stored start states are zero."""
+    p = _packed_problem(mode, seed=28, n=6, steps=11, num_layers=2)
+    plans = []
+    real = pad_module.flush_plan
+
+    def spy(*args, **kwargs):
+        plans.append(real(*args, **kwargs))
+        assert kwargs["free"].tolist() == flush_check(p.states, p.is_init).tolist()
+        return plans[-1]
+
+    monkeypatch.setattr(pad_module, "flush_plan", spy)
+    monkeypatch.setattr(pad_module, "flush_cost", lambda *a: -1.0)  # take the flush layout
+    run = fused_runner(p.cfg, p.weights, False)
+    y, nxt = pad_unroll(p.cfg, p.x, p.states, p.is_init, run, fused_weights=p.weights)
+    assert len(plans) == 1 and plans[0].width < plans[0].unpacked_width
+    y_ref, next_ref = reference_unroll(p.rnn, p.x, p.states, p.is_init)
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-4)
+    for s, s_ref in zip(nxt, next_ref, strict=True):
+        torch.testing.assert_close(s, s_ref, atol=1e-5, rtol=1e-4)
