@@ -179,6 +179,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     resume = getattr(args, "resume", None)
     saved = load_config(resume).to_dict() if resume else None
     data = copy.deepcopy(saved) if saved else TrainConfig().to_dict()
+    if not saved:
+        data["env"]["num_envs"] = None  # the chosen algorithm's default unless given
     options = vars(args)
     algo = options.get("algo", data["algo"])
     if saved and algo != saved["algo"]:  # before the merge: the sections would not fit

@@ -139,8 +139,10 @@ class EnvConfig:
     or Pendulum-masked (Pendulum-v1, continuous actions, its angular velocity hidden).
     Dict and image observations are accepted (vectors concatenated, uint8 HxWxC images
     through a small CNN, text entries dropped)."""
-    num_envs: int = 8
-    """Envs stepped together (a gymnasium SyncVectorEnv)."""
+    num_envs: int | None = None
+    """Envs stepped together (a gymnasium SyncVectorEnv); None: the algorithm's default, 20
+    for ppo (batches of 20 rows of 50 steps: more episodes per batch made the PPO recipe hold
+    on every seed) and 8 for dqn."""
     max_episode_steps: int | None = None
     """Episode length limit (truncation); None keeps the env's own limit."""
     collector: Literal["local", "ray"] = "local"
@@ -154,13 +156,15 @@ class EnvConfig:
 
     def __post_init__(self) -> None:
         _finite(self)
-        _positive("EnvConfig", num_envs=self.num_envs, workers=self.workers)
+        _positive("EnvConfig", workers=self.workers)
+        if self.num_envs is not None:
+            _positive("EnvConfig", num_envs=self.num_envs)
         if self.max_episode_steps is not None:
             _positive("EnvConfig", max_episode_steps=self.max_episode_steps)
         if self.envs_per_worker is not None:
             _positive("EnvConfig", envs_per_worker=self.envs_per_worker)
-        if self.collector == "ray":
-            self.worker_envs()  # validates the split
+        if self.collector == "ray" and self.num_envs is not None:
+            self.worker_envs()  # validates the split (else once TrainConfig resolved num_envs)
         self.gym_id()  # validates the id
 
     def worker_envs(self) -> int:
@@ -239,11 +243,12 @@ class ModelConfig:
     """Continuous (Box) actions, PPO only: the policy is a Gaussian squashed by tanh into the
     action bounds; its standard deviation is one learned parameter per action entry
     (parameter) or an output of the actor's head for every state (state)."""
-    recurrent_backend: Literal["auto", "pad", "scan"] = "pad"
+    recurrent_backend: Literal["auto", "pad", "scan"] = "auto"
     """How the LSTM/GRU trunk runs a sequence with resets in training: pad (split at resets,
-    torch's fused kernel; the modules' default, with which the published figures were
-    measured), scan (time loop), or auto (the faster for the input: scan for the GRU on CPU).
-    All give the same numbers up to float rounding, so a resumed run may change it."""
+    torch's fused kernel), scan (time loop), or auto (the faster for the input: pad for the
+    LSTM and scan for the GRU on CPU; pad on CUDA). All give the same numbers up to float
+    rounding (the default recipes hold under both, see benchmarks/learning/README.md), so a
+    resumed run may change it."""
 
     def __post_init__(self) -> None:
         _finite(self)
@@ -532,6 +537,11 @@ class RunConfig:
 
 
 ALGOS = ("ppo", "dqn")
+#: options added after runs were already written, with the value those runs ran with (a
+#: config.json without the entry loads with it; see :meth:`TrainConfig.from_dict`)
+SAVED_BEFORE: dict[tuple[str, str], Any] = {("model", "recurrent_backend"): "pad"}
+#: ``EnvConfig.num_envs`` when it is None: the number each algorithm's recipe was tuned with
+DEFAULT_NUM_ENVS = {"ppo": 20, "dqn": 8}
 
 
 @dataclass
@@ -550,6 +560,14 @@ class TrainConfig:
         _finite(self)
         if self.algo not in ALGOS:
             raise ValueError(f"TrainConfig: unknown algo {self.algo!r}; available: {ALGOS}.")
+        if self.env.num_envs is None:
+            per = self.env.envs_per_worker
+            ray = self.env.collector == "ray"
+            self.env.num_envs = (
+                self.env.workers * per if ray and per else DEFAULT_NUM_ENVS[self.algo]
+            )
+            if ray:
+                self.env.worker_envs()  # validates the split
         n, fpb = self.env.num_envs, getattr(self, self.algo).frames_per_batch
         if fpb % n:
             raise ValueError(
@@ -657,12 +675,14 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+    def from_dict(cls, data: dict[str, Any], *, saved: bool = False) -> TrainConfig:
         """Rebuild (and validate) a config from :meth:`to_dict`'s output.
 
         Every entry must be a field of its section with a value of the field's type (JSON
         types: an int is accepted where a float is expected); missing entries take their
-        defaults.
+        defaults, except, with ``saved`` (a ``config.json`` of a run), the entries of
+        :data:`SAVED_BEFORE`: a run written before such an option existed ran with the old
+        value, not with today's default.
 
         Examples:
             >>> TrainConfig.from_dict({"model": {"hidden_size": "64"}})
@@ -671,6 +691,11 @@ class TrainConfig:
             ValueError: TrainConfig: model.hidden_size must be int, received '64' (str)...
         """
         _check_entries(cls, data, "")
+        if saved:
+            data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+            for (section, name), value in SAVED_BEFORE.items():
+                if isinstance(data.get(section), dict):
+                    data[section].setdefault(name, value)
         kwargs: dict[str, Any] = {}
         for name, value in data.items():
             sub = SECTIONS.get(name)

@@ -45,7 +45,7 @@ def load_config(run_dir: Path | str) -> TrainConfig:
         raise CheckpointError(f"{path}: expected the JSON config of a run, the file is {what}. "
                               f"{fix}") from err  # fmt: skip
     try:
-        return TrainConfig.from_dict(data)
+        return TrainConfig.from_dict(data, saved=True)
     except (ValueError, TypeError) as err:
         message = str(err) if "Fix:" in str(err) else f"{err} {fix}"
         raise CheckpointError(f"{path}: {message}") from err

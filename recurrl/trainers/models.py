@@ -24,7 +24,7 @@ from recurrl.envs import (
     specs,
 )
 from recurrl.modules import MLP, GRUModule, LSTMModule
-from recurrl.trainers.config import EnvConfig, ModelConfig, TrainConfig
+from recurrl.trainers.config import DEFAULT_NUM_ENVS, EnvConfig, ModelConfig, TrainConfig
 from recurrl.trainers.encoders import (
     ObsInputs,
     add_image_encoder,
@@ -67,6 +67,8 @@ def make_env(cfg: EnvConfig, *, num_envs: int | None = None, seed: int | None = 
     """
     kwargs = {} if cfg.max_episode_steps is None else {"max_episode_steps": cfg.max_episode_steps}
     n = cfg.num_envs if num_envs is None else num_envs
+    if n is None:  # an EnvConfig outside a TrainConfig, which resolves it per algorithm
+        n = DEFAULT_NUM_ENVS["ppo"]
     gym_id = cfg.gym_id()
     if cfg.mask() is None and needs_network_inputs(_observation_space(gym_id, kwargs)):
         try:

@@ -43,11 +43,13 @@ def test_ray_init_config_starts_a_local_ray_or_joins_an_address():
 def test_the_local_collector_is_the_default():
     cfg = TrainConfig()
     env = make_env(cfg.env, seed=0)
-    collector = make_collector(cfg, env, None, frames_per_batch=16, total_frames=32, device="cpu")
+    n = cfg.env.num_envs
+    collector = make_collector(cfg, env, None, frames_per_batch=2 * n, total_frames=4 * n,
+                               device="cpu")  # fmt: skip
     assert type(collector) is Collector and collector.env is not None
     trainer = type("T", (), {"collector": collector})()
-    assert next_batch(trainer).shape == (cfg.env.num_envs, 16 // cfg.env.num_envs)
-    assert next_batch(trainer).shape == (cfg.env.num_envs, 16 // cfg.env.num_envs)
+    assert next_batch(trainer).shape == (n, 2)
+    assert next_batch(trainer).shape == (n, 2)
     with pytest.raises(StopIteration):
         next_batch(trainer)
     collector.shutdown()

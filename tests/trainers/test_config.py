@@ -142,7 +142,7 @@ def test_resumable_fields_exist_and_conflicts_name_the_others():
 
 
 def test_recurrent_backend_is_checked_and_may_change_on_resume():
-    assert ModelConfig().recurrent_backend == "pad"
+    assert ModelConfig().recurrent_backend == "auto"
     assert ModelConfig(recurrent_backend="scan").recurrent_backend == "scan"
     with pytest.raises(ValueError, match="recurrent_backend must be 'auto', 'pad' or 'scan'"):
         ModelConfig(recurrent_backend="triton")
@@ -152,4 +152,6 @@ def test_recurrent_backend_is_checked_and_may_change_on_resume():
     assert resume_conflicts(saved, given) == []
     # a config.json written before the option existed loads as what it ran: pad
     del saved["model"]["recurrent_backend"]
-    assert TrainConfig.from_dict(saved).model.recurrent_backend == "pad"
+    assert TrainConfig.from_dict(saved, saved=True).model.recurrent_backend == "pad"
+    assert "recurrent_backend" not in saved["model"]  # the caller's dict is left as it was
+    assert TrainConfig.from_dict(saved).model.recurrent_backend == "auto"  # not a saved run

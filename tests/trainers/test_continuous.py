@@ -162,7 +162,7 @@ def test_action_std_on_discrete_actions_is_refused():
 
 def test_popgym_position_only_pendulum():
     pytest.importorskip("popgym")
-    cfg = TrainConfig(env=EnvConfig(env="popgym-PositionOnlyPendulumEasy-v0", num_envs=2))
+    cfg = TrainConfig(env=EnvConfig(env="popgym-PositionOnlyPendulumEasy-v0", num_envs=4))
     trainer = PPOTrainer(cfg)
     try:
         assert trainer.model.continuous

@@ -39,3 +39,13 @@ def test_a_run_without_checkpoint_or_episodes_is_a_user_error(tmp_path):
         evaluate(tmp_path)
     with pytest.raises(UsageError, match="episodes must be >= 1"):
         evaluate(tmp_path, episodes=0)
+
+
+def test_a_run_written_before_an_option_existed_loads_with_what_it_ran(tmp_path):
+    data = TrainConfig().to_dict()
+    del data["model"]["recurrent_backend"]  # config.json of a run older than the option
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    assert load_config(tmp_path).model.recurrent_backend == "pad"  # not today's default
+    data["model"]["recurrent_backend"] = "scan"
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    assert load_config(tmp_path).model.recurrent_backend == "scan"
