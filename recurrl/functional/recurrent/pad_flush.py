@@ -36,17 +36,19 @@ steps after a row's last trajectory are flush steps for the GRU; for the LSTM th
 is that of the row's last trajectory.
 
 torch's LSTM returns ``c`` only after the last step of each row, while ``("next", c)`` is due
-at every trajectory end. In training on CPU, oneDNN keeps ``c`` of every step in the
-workspace of its fused call, and it is read from there
-(:mod:`~recurrl.functional.recurrent.onednn_cells`, which also says how the layout is found
-and checked; it is checked on every step of the grid); its gradient, when one is asked for,
-is that of the recomputation below. Otherwise the ends of the rows' last trajectories come
-from the returned ``c`` (the packing puts each row's longest movable trajectory last) and
-the others are recomputed from the outputs over the grid's first ``P`` steps only (``P``: up
-to the last of those ends): with ``h_{t-1}`` known at every step, the gates ``i, f, g`` are
-one matmul on the grid's own inputs (the flags included, so a flush step gives ``c == 0``
-exactly as in the fused call), and ``c_t = f_t c_{t-1} + i_t g_t`` is a linear recurrence,
-run by :class:`_LinearRecurrence` (one fused multiply-add per step, and the same backwards).
+at every trajectory end. In training on CPU, oneDNN keeps ``c`` of every step in the workspace
+of its fused call, and it is read from there
+(:mod:`~recurrl.functional.recurrent.onednn_cells`, which also says how the layout is found and
+checked; it is checked on every step of the grid); its gradient, when one is asked for, is that
+of the recomputation below. Otherwise the ends of the rows' last trajectories come from the
+returned ``c`` (the packing puts each row's longest movable trajectory last) and the others are
+recomputed from the outputs over the grid's first ``P`` steps only (``P``: up to the last of
+those ends), and only on the rows that hold such ends where they are few (long episodes, where
+most rows hold a single trajectory): with ``h_{t-1}`` known at every
+step, the gates ``i, f, g`` are one matmul on the grid's own inputs (the flags included, so a
+flush step gives ``c == 0`` exactly as in the fused call), and ``c_t = f_t c_{t-1} + i_t g_t``
+is a linear recurrence, run by :class:`_LinearRecurrence` (one fused multiply-add per step, and
+the same backwards).
 
 This path needs zero stored states at the restarts inside rows, and stored states that do
 not require grad (their gradient would be lost: the flush does not read them); otherwise
@@ -99,6 +101,10 @@ _MARGIN = 800.0  # exp(800) overflows float64 (and float32): sigmoid(-s) == 0.0 
 #: 1 thread): the gathers, and for the LSTM the recomputation of ``c`` (a matmul of 3/4 of the
 #: forward's, one sigmoid, the recurrence).
 _EXTRA_COST = {"lstm": 0.5, "gru": 0.4}
+#: The rebuild of the LSTM's ``c`` takes only the rows that need it (an index_select of the
+#: grid's inputs and outputs instead of a matmul on every row) where they are at most this
+#: share of the rows.
+_SUBSET_ROWS = 0.75
 
 
 def flush_check(
@@ -188,8 +194,10 @@ class FlushPlan:
         end_grid: ``[E]`` grid index of the same steps.
         prefix: ``P``, the grid steps whose LSTM ``c`` is recomputed when it is not read
             from a workspace: every trajectory end but the rows' last ones lies before it.
+        c_rows: ``[K]`` the rows where such ends lie, where they are few enough for the
+            recomputation to take them alone (``None``: all ``N`` rows, ``K = N``).
         end_c: ``[E]`` index of every trajectory's end in ``cat([c of the first P grid
-            steps, [P * N, H]; c after the last grid step, [N, H]])``.
+            steps on the rows c_rows, [P * K, H]; c after the last grid step, [N, H]])``.
         flags: ``[W * N, 2]`` float32, 1 on the flush steps (first column) and on the padding
             steps after each row's last trajectory (second column).
     """
@@ -201,6 +209,7 @@ class FlushPlan:
     end_step: Tensor
     end_grid: Tensor
     prefix: int
+    c_rows: Tensor | None
     end_c: Tensor
     flags: Tensor
 
@@ -316,7 +325,14 @@ def flush_plan(
     end_grid = end_pos * n + prow
     inner = end_pos[~is_last]
     prefix = int(inner.max()) + 1 if len(inner) else 0
-    end_c = np.where(is_last, prefix * n + prow, end_grid)
+    c_rows = np.unique(prow[~is_last])
+    if len(c_rows) <= _SUBSET_ROWS * n:  # the rebuild of c runs on these rows alone
+        rank = np.zeros(n, dtype=np.int64)
+        rank[c_rows] = np.arange(len(c_rows))
+        end_c = np.where(is_last, prefix * len(c_rows) + prow, end_pos * len(c_rows) + rank[prow])
+    else:
+        c_rows = None
+        end_c = np.where(is_last, prefix * n + prow, end_grid)
     flags = np.zeros((width, n, 2), dtype=np.float32)
     flags[..., 0] = 1.0
     flags.reshape(-1, 2)[real, 0] = 0.0
@@ -324,9 +340,9 @@ def flush_plan(
     pad = np.arange(width)[:, None] >= used[None, :]
     flags[pad, 0] = 0.0
     flags[pad, 1] = 1.0
-    parts = [real, end_step, end_grid, end_c]
+    parts = [real, end_step, end_grid, end_c, *([] if c_rows is None else [c_rows])]
     index = torch.from_numpy(np.concatenate(parts)).to(is_init.device)  # one copy
-    real_t, end_step_t, end_grid_t, end_c_t = index.split([len(q) for q in parts])
+    real_t, end_step_t, end_grid_t, end_c_t, *c_rows_t = index.split([len(q) for q in parts])
     return FlushPlan(
         width=width,
         unpacked_width=unpacked,
@@ -335,6 +351,7 @@ def flush_plan(
         end_step=end_step_t,
         end_grid=end_grid_t,
         prefix=prefix,
+        c_rows=c_rows_t[0] if c_rows_t else None,
         end_c=end_c_t,
         flags=torch.from_numpy(flags.reshape(-1, 2)).to(is_init.device),
     )
@@ -432,24 +449,32 @@ def _grid_cells(
     h0: Tensor,
     c0: Tensor,
     steps: int,
+    rows: Tensor | None = None,
 ) -> Tensor:
-    """The LSTM cell state after each of the grid's first ``steps`` steps, ``[steps, N, H]``.
+    """The LSTM cell state after each of the grid's first ``steps`` steps, ``[steps, K, H]``.
 
     ``weights`` are the layer's ``weight_ih`` with its flag columns, ``weight_hh`` and the
     biases (or ``None``); ``grid [W, N, F + k]`` its input, ``y_flat [W * N, O]`` its
-    outputs, ``h0``/``c0 [N, O]``/``[N, H]`` the rows' start states.
+    outputs, ``h0``/``c0 [N, O]``/``[N, H]`` the rows' start states; ``rows [K]`` the rows
+    to take (``None``: all).
     """
     weight_ih, weight_hh, bias_ih, bias_hh = weights
-    n = h0.shape[0]
+    n = grid.shape[1]
+    grid = grid[:steps]
+    y_prev = y_flat[: (steps - 1) * n].view(steps - 1, n, -1)
+    if rows is not None:
+        grid, y_prev = grid.index_select(1, rows), y_prev.index_select(1, rows)
+        h0, c0 = h0.index_select(0, rows), c0.index_select(0, rows)
+        n = len(rows)
     # the state before each step: h0, then the output of the step before (exactly zero
     # after a flush step; the flags saturate i and f wherever a row does not run a real step)
-    h_prev = torch.cat([h0.unsqueeze(0), y_flat[: (steps - 1) * n].view(steps - 1, n, -1)])
+    h_prev = torch.cat([h0.unsqueeze(0), y_prev])
     # the gates i, f, g of every step in one matmul (o is not needed for c); g's rows are
     # doubled so that one sigmoid serves all three: tanh(x) = 2 * sigmoid(2x) - 1
     scale = torch.ones(3 * hid, 1, dtype=grid.dtype, device=grid.device)
     scale[2 * hid :] = 2.0
     weight = torch.cat([weight_ih[: 3 * hid], weight_hh[: 3 * hid]], dim=1) * scale
-    xh = torch.cat([grid[:steps], h_prev], dim=2).view(steps * n, -1)
+    xh = torch.cat([grid, h_prev], dim=2).view(steps * n, -1)
     if bias_ih is not None:
         bias = (bias_ih[: 3 * hid] + bias_hh[: 3 * hid]) * scale.squeeze(1)
         gates = torch.addmm(bias, xh, weight.t())
@@ -485,7 +510,7 @@ def _lstm_with_cells(
     def recompute(grid, y_flat, h0, c0, cy, *weights):
         if not plan.prefix:  # every end is a row's last
             return cy.index_select(0, plan.end_c)
-        c = _grid_cells(hid, weights, grid, y_flat, h0, c0, plan.prefix)
+        c = _grid_cells(hid, weights, grid, y_flat, h0, c0, plan.prefix, plan.c_rows)
         return torch.cat([c.view(-1, hid), cy]).index_select(0, plan.end_c)
 
     if ws is not None:

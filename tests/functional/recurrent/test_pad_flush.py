@@ -369,3 +369,28 @@ def test_pad_packs_with_the_rows_that_start_from_zeros(mode, monkeypatch):
     torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-4)
     for s, s_ref in zip(nxt, next_ref, strict=True):
         torch.testing.assert_close(s, s_ref, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_c_rebuilt_on_the_rows_that_need_it(training):
+    """Long episodes: few rows hold an end that is not their last, and ``c`` is rebuilt on
+    those rows alone; the ends and their gradients are the reference's."""
+    p = make_problem("lstm", n=8, steps=12, p_init=0.0, num_layers=2, seed=29)
+    p.is_init[2, 5] = True
+    p.is_init[6, 3] = True
+    p.is_init[6, 9] = True
+    zero_restarts(p)
+    plan = _plan_of(p)
+    assert plan.c_rows is not None and 0 < len(plan.c_rows) <= 3
+    x_ref = p.x.clone().requires_grad_(True)
+    y_ref, next_ref = reference_unroll(p.rnn, x_ref, p.states, p.is_init)
+    grads_ref = torch.autograd.grad(loss_of(y_ref, next_ref), [x_ref, *p.weights])
+    for _ in range(2 if training else 1):
+        x = p.x.clone().requires_grad_(True)
+        y, nxt = flush_unroll(p.cfg, p.weights, x, p.states, p.is_init, training=training,
+                              plan=plan)  # fmt: skip
+        for s, s_ref in zip(nxt, next_ref, strict=True):
+            torch.testing.assert_close(s, s_ref, atol=1e-5, rtol=1e-4)
+        grads = torch.autograd.grad(loss_of(y, nxt), [x, *p.weights])
+        for g, g_ref in zip(grads, grads_ref, strict=True):
+            torch.testing.assert_close(g, g_ref, atol=1e-4, rtol=1e-4)
