@@ -12,7 +12,7 @@ from torch import distributions as D
 
 from recurrl.trainers import PPOTrainer
 from recurrl.trainers.cli import main
-from recurrl.trainers.config import EnvConfig, ModelConfig, TrainConfig
+from recurrl.trainers.config import EnvConfig, ModelConfig, RunConfig, TrainConfig
 from recurrl.trainers.logger import read_metrics
 from recurrl.trainers.models import (
     ActorCritic,
@@ -160,9 +160,12 @@ def test_action_std_on_discrete_actions_is_refused():
         TrainConfig(model=ModelConfig(action_std="state"))
 
 
-def test_popgym_position_only_pendulum():
+def test_popgym_position_only_pendulum(tmp_path):
     pytest.importorskip("popgym")
-    cfg = TrainConfig(env=EnvConfig(env="popgym-PositionOnlyPendulumEasy-v0", num_envs=4))
+    cfg = TrainConfig(
+        env=EnvConfig(env="popgym-PositionOnlyPendulumEasy-v0", num_envs=4),
+        run=RunConfig(run_dir=str(tmp_path), tensorboard=False, plot=False, quiet=True),
+    )
     trainer = PPOTrainer(cfg)
     try:
         assert trainer.model.continuous
