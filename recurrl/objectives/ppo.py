@@ -154,7 +154,8 @@ class ClipPPOLoss(LossModule):
             if action.dim() == dist.logits.dim():  # [*B, 1]
                 action = action.squeeze(-1)
             return dist.log_prob(action.long()), dist.entropy()
-        if isinstance(dist.base_dist, D.TransformedDistribution):
+        # any other distribution (a subclass's get_distribution) gives [*B] log-probs itself
+        if isinstance(getattr(dist, "base_dist", None), D.TransformedDistribution):
             action = action.clamp(-1 + _TANH_EPS, 1 - _TANH_EPS)
             # no closed form: one-sample estimate -log pi(a~pi) (differentiable, rsample)
             entropy = -dist.log_prob(dist.rsample())

@@ -137,8 +137,9 @@ class EnvConfig:
     its ids; e.g. minigrid:MiniGrid-MemoryS7-v0), a popgym-* id (with the popgym extra
     installed), or the built-in CartPole-masked (CartPole-v1 with both velocities hidden)
     or Pendulum-masked (Pendulum-v1, continuous actions, its angular velocity hidden).
-    Dict and image observations are accepted (vectors concatenated, uint8 HxWxC images
-    through a small CNN, text entries dropped)."""
+    Dict, Tuple and image observations are accepted (vectors concatenated, uint8 HxWxC
+    images through a small CNN, text entries dropped); actions Discrete, or with ppo
+    MultiDiscrete (one categorical per entry) or Box."""
     num_envs: int | None = None
     """Envs stepped together (a gymnasium SyncVectorEnv); None: the algorithm's default, 20
     for ppo (batches of 20 rows of 50 steps: more episodes per batch made the PPO recipe hold
@@ -639,18 +640,22 @@ class TrainConfig:
             space = env.action_space
         finally:
             env.close()
+        discrete = (gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete)
+        if isinstance(space, discrete) and self.model.action_std != "parameter":
+            raise ValueError(
+                f"TrainConfig: action_std={self.model.action_std!r} applies to continuous "
+                f"(Box) actions only; {self.env.env!r} has {space}. Fix: drop --action-std."
+            )
         if isinstance(space, gymnasium.spaces.Discrete):
-            if self.model.action_std != "parameter":
-                raise ValueError(
-                    f"TrainConfig: action_std={self.model.action_std!r} applies to continuous "
-                    f"(Box) actions only; {self.env.env!r} has {space}. Fix: drop --action-std."
-                )
+            return
+        if isinstance(space, gymnasium.spaces.MultiDiscrete):
+            self._check_multi_discrete(space)
             return
         if not isinstance(space, gymnasium.spaces.Box):
             raise ValueError(
-                f"TrainConfig: algo {self.algo!r} needs a Discrete action space, or a Box one "
-                f"with ppo; {self.env.env!r} has {space}. Fix: pick an env with such actions "
-                f"(e.g. CartPole-v1, Pendulum-v1)."
+                f"TrainConfig: algo {self.algo!r} needs a Discrete action space, or a "
+                f"MultiDiscrete or Box one with ppo; {self.env.env!r} has {space}. Fix: pick "
+                f"an env with such actions (e.g. CartPole-v1, Pendulum-v1)."
             )
         if self.algo != "ppo":
             raise ValueError(
@@ -667,6 +672,23 @@ class TrainConfig:
                 f"policy squashes into [low, high]); {self.env.env!r} has {space}. Fix: wrap "
                 f"the env (gymnasium.wrappers.RescaleAction for infinite bounds, a reshape for "
                 f"a multi-dimensional Box) and register the wrapped env under a new id."
+            )
+
+    def _check_multi_discrete(self, space: Any) -> None:
+        """PPO's factorized categorical policy needs a flat ``MultiDiscrete``; DQN cannot."""
+        if self.algo != "ppo":
+            raise ValueError(
+                f"TrainConfig: algo {self.algo!r} needs a Discrete action space (one Q-value "
+                f"per action); {self.env.env!r} has several discrete actions at once {space}. "
+                f"Fix: --algo ppo (a product of one categorical per action dimension), or pick "
+                f"an env with a Discrete action space (e.g. CartPole-masked)."
+            )
+        if len(space.shape) != 1:
+            raise ValueError(
+                f"TrainConfig: MultiDiscrete actions must be flat (nvec of shape [K]; the "
+                f"policy is one categorical per entry); {self.env.env!r} has a MultiDiscrete "
+                f"of shape {space.shape} (nvec {space.nvec.tolist()}). Fix: flatten the action "
+                f"space with a gymnasium wrapper and register the wrapped env under a new id."
             )
 
     # ------------------------------------------------------------------ (de)serialization

@@ -6,7 +6,9 @@ them):
 - ``"observation"`` float32 ``[*B, F]``: every vector entry of the observation,
   flattened and concatenated (``Box`` of any rank and dtype as floats, ``Discrete`` and
   ``MultiDiscrete`` one-hot, ``MultiBinary`` as 0/1), in the order of the observation
-  space's keys (gymnasium's ``Dict`` sorts them alphabetically unless given in order);
+  space's keys (gymnasium's ``Dict`` sorts them alphabetically unless given in order; a
+  ``Tuple`` is read as a ``Dict`` whose keys are its positions 0, 1, ..., nested ones
+  included);
 - ``"pixels"`` uint8 ``[*B, H, W, C]``: the image entries (``uint8`` ``Box`` of rank 3,
   channels last, as MiniGrid and Atari give them), concatenated along the channels.
 
@@ -109,10 +111,21 @@ def needs_network_inputs(space: spaces.Space) -> bool:
     return not isinstance(space, spaces.Discrete)
 
 
-def _leaves(space: spaces.Space, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], Any]]:
+Path = tuple[str | int, ...]  # the keys (Dict) and positions (Tuple) leading to an entry
+
+
+def _leaves(space: spaces.Space, path: Path) -> list[tuple[Path, Any]]:
+    """The entries of ``space`` (not a ``Dict`` or ``Tuple``), with their paths, in order."""
     if isinstance(space, spaces.Dict):
         return [leaf for key, sub in space.spaces.items() for leaf in _leaves(sub, (*path, key))]
+    if isinstance(space, spaces.Tuple):
+        return [leaf for i, sub in enumerate(space.spaces) for leaf in _leaves(sub, (*path, i))]
     return [(path, space)]
+
+
+def _name(path: Path) -> str:
+    """An entry's name in messages: ``"inner.depth"``, ``"1.0"``."""
+    return ".".join(map(str, path))
 
 
 def _vector_bounds(space: spaces.Space) -> tuple[np.ndarray, np.ndarray] | None:
@@ -150,7 +163,9 @@ class NetworkInputs(gymnasium.ObservationWrapper):
     """A gymnasium wrapper: any observation as ``{"observation": [F], "pixels": [H, W, C]}``.
 
     See the module doc for what goes where; each key is present only when some entry feeds
-    it. A non-``Dict`` observation is one entry named ``observation``.
+    it. A ``Tuple`` is read as a ``Dict`` keyed by the positions (entries named ``"0"``,
+    ``"1"``, ... in messages); any other non-``Dict`` observation is one entry named
+    ``observation``.
 
     Args:
         env: the gymnasium env.
@@ -171,11 +186,15 @@ class NetworkInputs(gymnasium.ObservationWrapper):
         ((5,), ['note (Text)'])
         >>> env.observation({"cue": 1, "note": "hi", "pos": np.array([0.5, -0.5])})
         {'observation': array([ 0.5, -0.5,  0. ,  1. ,  0. ], dtype=float32)}
+        >>> env = gymnasium.make("CartPole-v1")  # a Tuple, as popgym's Autoencode gives
+        >>> env.unwrapped.observation_space = spaces.Tuple((spaces.Discrete(2), spaces.Discrete(4)))
+        >>> NetworkInputs(env).observation((1, 3))
+        {'observation': array([0., 1., 0., 0., 0., 1.], dtype=float32)}
     """
 
     def __init__(self, env: gymnasium.Env, *, warn: bool = True) -> None:
         super().__init__(env)
-        self._flat = not isinstance(env.observation_space, spaces.Dict)
+        self._flat = not isinstance(env.observation_space, (spaces.Dict, spaces.Tuple))
         leaves = _leaves(env.observation_space, (OBS_KEY,) if self._flat else ())
         self._images = [(path, sub) for path, sub in leaves if _is_image(sub)]
         self._vectors = [
@@ -184,13 +203,14 @@ class NetworkInputs(gymnasium.ObservationWrapper):
             if not _is_image(sub) and (bounds := _vector_bounds(sub)) is not None
         ]
         used = {path for path, _ in self._images} | {path for path, _, _ in self._vectors}
-        dropped = [f"{'.'.join(p)} ({type(s).__name__})" for p, s in leaves if p not in used]
+        dropped = [f"{_name(p)} ({type(s).__name__})" for p, s in leaves if p not in used]
         name = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
         if not used:
             raise ValueError(
                 f"NetworkInputs: no observation entry of {name!r} is a vector or an image; "
                 f"received {env.observation_space}. Supported: Box (uint8 HxWxC images, other "
-                f"Boxes as vectors), Discrete, MultiDiscrete, MultiBinary, and Dicts of them."
+                f"Boxes as vectors), Discrete, MultiDiscrete, MultiBinary, and Dicts and "
+                f"Tuples of them."
             )
         if dropped and warn:
             warnings.warn(
@@ -206,7 +226,7 @@ class NetworkInputs(gymnasium.ObservationWrapper):
         if self._images:
             sizes = {sub.shape[:2] for _, sub in self._images}
             if len(sizes) > 1:
-                shapes = {".".join(p): s.shape for p, s in self._images}
+                shapes = {_name(p): s.shape for p, s in self._images}
                 raise ValueError(
                     f"NetworkInputs: the images of {name!r} differ in height and width "
                     f"({shapes}); they are stacked along the channels, so they must match. "
@@ -218,7 +238,7 @@ class NetworkInputs(gymnasium.ObservationWrapper):
         self.dropped = dropped
 
     def observation(self, observation: Any) -> dict[str, np.ndarray]:
-        def get(path: tuple[str, ...]) -> Any:
+        def get(path: Path) -> Any:
             if self._flat:
                 return observation
             value = observation

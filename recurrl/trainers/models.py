@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from tensordict.nn import TensorDictModule as Mod
@@ -37,6 +38,8 @@ from recurrl.trainers.errors import UsageError
 __all__ = [
     "ActorCritic",
     "CategoricalSampler",
+    "FactorizedCategorical",
+    "FactorizedCategoricalSampler",
     "GaussianParams",
     "ObservationNorm",
     "ScaledTanhNormal",
@@ -115,6 +118,84 @@ class CategoricalSampler(nn.Module):
 
     def forward(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         dist = Categorical(logits=logits)
+        action = dist.mode if self.deterministic else dist.sample()
+        return action, dist.log_prob(action)
+
+
+class FactorizedCategorical(D.Distribution):
+    """A product of independent categoricals: the policy of a ``MultiDiscrete`` action.
+
+    ``logits`` ``[*B, sum(nvec)]`` are the ``K = len(nvec)`` dimensions' logits one after
+    the other (dimension ``k`` owns ``nvec[k]`` of them). An action is an int ``[*B, K]``
+    (entry ``k`` in ``[0, nvec[k])``); ``log_prob`` and ``entropy`` are ``[*B]``, the sums
+    of the dimensions' (independence); :attr:`mode` is the per-dimension argmax (a product
+    of independent factors is largest where each factor is). Batch shape ``[*B]``, event
+    shape ``[K]``.
+
+    Examples:
+        >>> d = FactorizedCategorical(torch.tensor([[0.0, 9.0, 0.0, 0.0, 9.0]]), [2, 3])
+        >>> d.mode.tolist(), d.sample().shape, d.log_prob(torch.tensor([[1, 2]])).shape
+        ([[1, 2]], torch.Size([1, 2]), torch.Size([1]))
+        >>> round(FactorizedCategorical(torch.zeros(5), [2, 3]).entropy().item(), 4)  # log 6
+        1.7918
+    """
+
+    arg_constraints: dict = {}
+
+    def __init__(self, logits: torch.Tensor, nvec: Sequence[int]) -> None:
+        self.nvec = tuple(int(n) for n in nvec)
+        if not self.nvec or min(self.nvec) < 1 or logits.shape[-1:] != (sum(self.nvec),):
+            raise ValueError(
+                f"FactorizedCategorical: expected logits [*B, sum(nvec)] = [*B, "
+                f"{sum(self.nvec)}] for nvec={list(self.nvec)} (non-empty, counts >= 1), "
+                f"received logits of shape {list(logits.shape)}."
+            )
+        self.logits = logits
+        self.parts = [
+            Categorical(logits=part, validate_args=False)
+            for part in logits.split(self.nvec, dim=-1)
+        ]
+        super().__init__(logits.shape[:-1], torch.Size([len(self.nvec)]), validate_args=False)
+
+    def sample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:  # noqa: B008
+        with torch.no_grad():
+            return torch.stack([p.sample(sample_shape) for p in self.parts], dim=-1)
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        if value.shape[-1:] != (len(self.nvec),):
+            raise ValueError(
+                f"FactorizedCategorical: expected actions [*B, {len(self.nvec)}] (one index "
+                f"per dimension of nvec={list(self.nvec)}), received {list(value.shape)}."
+            )
+        value = value.long()
+        return sum(p.log_prob(value[..., k]) for k, p in enumerate(self.parts))
+
+    def entropy(self) -> torch.Tensor:
+        return sum(p.entropy() for p in self.parts)
+
+    @property
+    def mode(self) -> torch.Tensor:
+        """The most likely action: each dimension's argmax, ``[*B, K]``."""
+        return torch.stack([p.logits.argmax(-1) for p in self.parts], dim=-1)
+
+
+class FactorizedCategoricalSampler(nn.Module):
+    """``logits -> (action, sample_log_prob)``: a sample (or the mode) of
+    :class:`FactorizedCategorical`; action int ``[*B, K]``, log-prob ``[*B]``.
+
+    Examples:
+        >>> action, log_prob = FactorizedCategoricalSampler([4, 4])(torch.zeros(3, 8))
+        >>> action.shape, action.dtype, round(log_prob[0].item(), 4)  # -2 log 4
+        (torch.Size([3, 2]), torch.int64, -2.7726)
+    """
+
+    def __init__(self, nvec: Sequence[int], deterministic: bool = False) -> None:
+        super().__init__()
+        self.nvec = tuple(int(n) for n in nvec)
+        self.deterministic = deterministic
+
+    def forward(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dist = FactorizedCategorical(logits, self.nvec)
         action = dist.mode if self.deterministic else dist.sample()
         return action, dist.log_prob(action)
 
@@ -325,7 +406,8 @@ class ActorCritic(nn.Module):
             shared by the actor and the critic reads ``"pixels"`` uint8 ``[*B, H, W, C]``
             and both trunks read ``"encoded_observation"`` ``[*B, F + hidden_size]`` (the
             vector, then the image features).
-        n_actions: discrete actions, or the size ``A`` of a continuous action.
+        n_actions: discrete actions, or the size ``A`` of a continuous action, or (with
+            ``action_nvec``) ``sum(action_nvec)``, the logits of all the sub-actions.
         obs_scale: with a value other than 1, both trunks read ``"scaled_observation"`` =
             ``obs_scale * "observation"`` (the vector only: the CNN scales pixels to [0, 1]).
         obs_norm: standardize the vector first: both trunks read ``"scaled_observation"`` =
@@ -336,18 +418,25 @@ class ActorCritic(nn.Module):
             ``[low, high]`` (:class:`ScaledTanhNormal`), its scale one learned parameter
             per entry or, with ``cfg.action_std="state"``, an output of the head. ``None``:
             a categorical policy over ``n_actions``.
+        action_nvec: the category counts ``[K]`` of a ``MultiDiscrete`` action (a gymnasium
+            ``MultiDiscrete([8, 8])``: ``(8, 8)``): the policy is then a
+            :class:`FactorizedCategorical`, the head writing ``sum(action_nvec)`` logits and
+            the action an int ``[*B, K]``. Not with ``action_bounds``.
 
     Attributes:
         obs_norm: the :class:`ObservationNorm`, or ``None`` without ``obs_norm`` (or
             without a vector observation).
+        continuous: the action is a ``Box`` (``action_bounds`` given).
+        action_nvec: the ``MultiDiscrete`` counts as a tuple, or ``None``.
         actor: writes ``"logits"`` ``[*B, n_actions]``, or ``"loc"`` and ``"scale"``
             ``[*B, A]`` (the Gaussian's, before the tanh).
         critic: writes ``"state_value"`` ``[*B, 1]``.
 
     :meth:`policy` is what the collector runs: the actor, the critic's own recurrent trunk
     (so its hidden state is stored in the batch for the loss to restart from), and a
-    :class:`CategoricalSampler` (or :class:`TanhNormalSampler`) writing ``"action"``
-    (``[*B]`` int, or ``[*B, A]`` float in the bounds) and ``"sample_log_prob"`` ``[*B]``.
+    :class:`CategoricalSampler` (or :class:`TanhNormalSampler`, or
+    :class:`FactorizedCategoricalSampler`) writing ``"action"`` (``[*B]`` int, ``[*B, A]``
+    float in the bounds, or ``[*B, K]`` int) and ``"sample_log_prob"`` ``[*B]``.
 
     Examples:
         >>> from tensordict import TensorDict
@@ -367,9 +456,21 @@ class ActorCritic(nn.Module):
         obs_scale: float = 1.0,
         obs_norm: bool = False,
         action_bounds: tuple[torch.Tensor, torch.Tensor] | None = None,
+        action_nvec: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         self.continuous = action_bounds is not None
+        self.action_nvec = None if action_nvec is None else tuple(int(n) for n in action_nvec)
+        if self.action_nvec is not None:
+            nvec = self.action_nvec
+            if action_bounds is not None or not nvec or min(nvec) < 1 or sum(nvec) != n_actions:
+                raise ValueError(
+                    f"ActorCritic: action_nvec must be non-empty category counts >= 1 summing "
+                    f"to n_actions (the logits the head writes), without action_bounds; "
+                    f"received action_nvec={list(nvec)}, n_actions={n_actions}, action_bounds "
+                    f"{'given' if action_bounds is not None else 'None'}. Fix: "
+                    f"n_actions=sum(action_nvec)."
+                )
         if action_bounds is not None:
             low, high = (torch.as_tensor(b, dtype=torch.float32) for b in action_bounds)
             if low.shape != (n_actions,) or high.shape != (n_actions,):
@@ -422,10 +523,13 @@ class ActorCritic(nn.Module):
 
     def policy(self, deterministic: bool = False) -> Seq:
         """The acting module; ``deterministic`` takes the most likely action (continuous: the
-        squashed, rescaled mean)."""
+        squashed, rescaled mean; ``MultiDiscrete``: each dimension's argmax)."""
         if self.continuous:
             tanh = TanhNormalSampler(self.action_low, self.action_high, deterministic)
             sampler = Mod(tanh, ["loc", "scale"], ["action", "sample_log_prob"])
+        elif self.action_nvec is not None:
+            factors = FactorizedCategoricalSampler(self.action_nvec, deterministic)
+            sampler = Mod(factors, ["logits"], ["action", "sample_log_prob"])
         else:
             sampler = Mod(
                 CategoricalSampler(deterministic), ["logits"], ["action", "sample_log_prob"]
@@ -444,12 +548,36 @@ class ActorCritic(nn.Module):
             )
         return squashed_gaussian(loc, scale, self.action_low, self.action_high)
 
+    def factorized_distribution(self, logits: torch.Tensor) -> FactorizedCategorical:
+        """The ``MultiDiscrete`` policy's :class:`FactorizedCategorical` for the actor's
+        ``"logits"`` ``[*B, sum(nvec)]``; ``log_prob`` of an action ``[*B, K]`` is ``[*B]``."""
+        if self.action_nvec is None:
+            raise ValueError(
+                "ActorCritic.factorized_distribution: this model's action is not MultiDiscrete "
+                "(built without action_nvec). Fix: build it with action_nvec=(n_1, ..., n_K)."
+            )
+        return FactorizedCategorical(logits, self.action_nvec)
+
 
 def actor_critic(cfg: TrainConfig, env) -> ActorCritic:
     """The :class:`ActorCritic` of ``cfg`` for ``env`` (from :func:`make_env`): categorical for
-    a discrete action spec, squashed Gaussian in the spec's bounds for a bounded float one."""
+    a discrete action spec, a product of categoricals for a ``MultiCategorical`` one (a
+    gymnasium ``MultiDiscrete``), squashed Gaussian in the spec's bounds for a bounded float
+    one."""
     obs_dim = observation_inputs(env)
     spec = env.action_spec
+    if isinstance(spec, specs.MultiCategorical):
+        if spec.nvec.ndim != 1:
+            raise ValueError(
+                f"actor_critic: expected a flat MultiDiscrete action (nvec [K]), received "
+                f"nvec of shape {list(spec.nvec.shape)}. Fix: flatten the action space with a "
+                f"gymnasium wrapper and register the wrapped env under a new id."
+            )
+        nvec = [int(n) for n in spec.nvec.tolist()]
+        return ActorCritic(
+            cfg.model, obs_dim, sum(nvec), obs_scale=cfg.ppo.obs_scale,
+            obs_norm=cfg.ppo.obs_norm, action_nvec=nvec,
+        )  # fmt: skip
     if isinstance(spec, specs.Bounded) and spec.dtype.is_floating_point:
         low, high = spec.low, spec.high
         n_actions = spec.shape[-1]

@@ -56,6 +56,19 @@ class _SquashedGaussianPPOLoss(ClipPPOLoss):
         return self._distribution(params.get("loc"), params.get("scale"))
 
 
+class _FactorizedCategoricalPPOLoss(ClipPPOLoss):
+    """:class:`ClipPPOLoss` for the ``MultiDiscrete`` :class:`ActorCritic`: the distribution
+    is its product of independent categoricals over the actor's ``"logits"`` (log-probability
+    and entropy summed over the action's dimensions)."""
+
+    def __init__(self, model: ActorCritic, **kwargs: Any) -> None:
+        super().__init__(model.actor, model.critic, **kwargs)
+        self._distribution = model.factorized_distribution  # a bound method, not a submodule
+
+    def get_distribution(self, params: TensorDictBase) -> torch.distributions.Distribution:
+        return self._distribution(params.get("logits"))
+
+
 def _loss_terms(loss: ClipPPOLoss, minibatch: TensorDictBase) -> tuple[torch.Tensor, dict]:
     """The scalar to minimize and the detached diagnostics of one minibatch."""
     out = loss(minibatch)
@@ -123,6 +136,8 @@ class PPOTrainer:
         )  # fmt: skip
         if self.model.continuous:
             self.loss = _SquashedGaussianPPOLoss(self.model, **terms)
+        elif self.model.action_nvec is not None:
+            self.loss = _FactorizedCategoricalPPOLoss(self.model, **terms)
         else:
             self.loss = ClipPPOLoss(self.model.actor, self.model.critic, **terms)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=p.lr, eps=1e-5)

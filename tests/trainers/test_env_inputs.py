@@ -1,4 +1,4 @@
-"""Tasks users bring: ``module:EnvId`` ids, Dict and image observations (vectors
+"""Tasks users bring: ``module:EnvId`` ids, Dict, Tuple and image observations (vectors
 concatenated, images through a CNN, text dropped), end to end with ``recurrl train``."""
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from recurrl.trainers.models import ActorCritic, make_env
 MODULE = "tests.trainers.env_inputs_envs"
 DICT_ENV = f"{MODULE}:RecurrlTestEnv-v0"
 PIXELS_ENV = f"{MODULE}:RecurrlTestPixels-v0"
+MULTI_DISCRETE_MODULE = "tests.trainers.multi_discrete_envs"
 
 
 # ---------------------------------------------------------------------- env ids
@@ -135,6 +136,65 @@ def test_images_of_different_sizes_and_nothing_usable_are_errors():
         NetworkInputs(_StaticEnv(two))
     with pytest.raises(ValueError, match="no observation entry"):
         NetworkInputs(_StaticEnv(spaces.Dict(note=spaces.Text(4))))
+
+
+def test_tuple_entries_one_hot_by_position_nested_and_with_an_image():
+    flat = spaces.Tuple((spaces.Discrete(2), spaces.Discrete(4)))  # popgym's Autoencode
+    env = NetworkInputs(_StaticEnv(flat), warn=False)
+    assert env.observation_space["observation"].shape == (6,)
+    for first, second in [(0, 0), (1, 3), (0, 2)]:
+        expected = np.zeros(6, np.float32)
+        expected[first] = expected[2 + second] = 1.0  # one-hot of each entry, in position order
+        np.testing.assert_array_equal(env.observation((first, second))["observation"], expected)
+    nested = spaces.Tuple(
+        (
+            spaces.Box(-2.0, 2.0, (2,)),
+            spaces.Dict(
+                cue=spaces.Discrete(3, start=1), cam=spaces.Box(0, 255, (4, 4, 1), np.uint8)
+            ),
+            spaces.Tuple((spaces.MultiBinary(2), spaces.Text(4))),
+        )
+    )
+    env = NetworkInputs(_StaticEnv(nested), warn=False)
+    assert env.dropped == ["2.1 (Text)"]
+    obs = (
+        np.array([0.5, -1.5], np.float32),
+        {"cam": np.full((4, 4, 1), 9, np.uint8), "cue": 3},
+        (np.array([0, 1]), "ab"),
+    )
+    out = env.observation(obs)
+    np.testing.assert_array_equal(
+        out["observation"], np.array([0.5, -1.5, 0, 0, 1, 0, 1], np.float32)
+    )
+    assert out["pixels"].shape == (4, 4, 1) and (out["pixels"] == 9).all()
+    assert env.observation_space.contains(out)
+    with pytest.raises(ValueError, match=r"no observation entry.*Dicts and Tuples of them"):
+        NetworkInputs(_StaticEnv(spaces.Tuple((spaces.Text(4),))), warn=False)
+
+
+def test_make_env_one_hots_a_tuple_observation():
+    env = make_env(EnvConfig(env=f"{MULTI_DISCRETE_MODULE}:RecurrlMultiDiscrete-v0", num_envs=3))
+    try:
+        td = env.reset()
+        assert td["observation"].shape == (3, 5) and observation_inputs(env) == ObsInputs(5)
+        cue = td["observation"][:, :3].argmax(-1)  # the first entry: the cue, one-hot
+        assert torch.equal(td["observation"][:, :3].sum(-1), torch.ones(3))
+        assert torch.equal(td["observation"][:, 3:], torch.tensor([[1.0, 0.0]]).expand(3, 2))
+        assert ((cue >= 0) & (cue < 3)).all()
+    finally:
+        env.close()
+
+
+def test_popgym_autoencode_tuple_observation():
+    pytest.importorskip("popgym")
+    env = make_env(EnvConfig(env="popgym-AutoencodeEasy-v0", num_envs=2), seed=0)
+    try:
+        obs = env.reset()["observation"]
+        assert obs.shape == (2, 6)  # Tuple(Discrete(2), Discrete(4)), each one-hot
+        assert torch.equal(obs[:, :2].sum(-1), torch.ones(2))
+        assert torch.equal(obs[:, 2:].sum(-1), torch.ones(2))
+    finally:
+        env.close()
 
 
 def test_text_dropped_with_a_one_line_note():

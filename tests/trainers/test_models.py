@@ -1,12 +1,26 @@
-"""ObservationNorm and ActorCritic's observation scaling (recurrl/trainers/models.py)."""
+"""ObservationNorm, ActorCritic's observation scaling and the MultiDiscrete policy
+(recurrl/trainers/models.py)."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 from tensordict import TensorDict
+from torch.distributions import Categorical
 
-from recurrl.trainers.config import ModelConfig
-from recurrl.trainers.models import ActorCritic, ObservationNorm
+from recurrl.trainers.config import EnvConfig, ModelConfig, TrainConfig
+from recurrl.trainers.models import (
+    ActorCritic,
+    FactorizedCategorical,
+    FactorizedCategoricalSampler,
+    ObservationNorm,
+    actor_critic,
+    make_env,
+)
+
+MULTI_DISCRETE_ENV = "tests.trainers.multi_discrete_envs:RecurrlMultiDiscrete-v0"
 
 
 def test_observation_norm_is_the_identity_until_fitted_then_standardizes():
@@ -43,3 +57,96 @@ def test_actor_critic_obs_norm_feeds_both_trunks_the_standardized_vector():
     td = TensorDict(observation=obs, batch_size=[16])
     plain.actor(td)
     torch.testing.assert_close(td["scaled_observation"], 10.0 * obs)
+
+
+# ---------------------------------------------------------------- MultiDiscrete actions
+NVEC = (3, 1, 4)
+
+
+def _per_dim(logits: torch.Tensor) -> list[Categorical]:
+    """The reference: one torch Categorical per dimension, sliced by hand."""
+    return [Categorical(logits=logits[..., 0:3]), Categorical(logits=logits[..., 3:4]),
+            Categorical(logits=logits[..., 4:8])]  # fmt: skip
+
+
+def test_factorized_log_prob_and_entropy_are_the_sums_over_dimensions():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 6, 8) * 3
+    dist = FactorizedCategorical(logits, NVEC)
+    action = torch.stack([torch.randint(0, n, (5, 6)) for n in NVEC], dim=-1)
+    ref = _per_dim(logits)
+    expected = sum(d.log_prob(action[..., k]) for k, d in enumerate(ref))
+    assert dist.batch_shape == (5, 6) and dist.event_shape == (3,)
+    torch.testing.assert_close(dist.log_prob(action), expected)
+    torch.testing.assert_close(dist.entropy(), sum(d.entropy() for d in ref))
+    # the probabilities of all 12 joint actions of one state sum to 1
+    joint = torch.cartesian_prod(*(torch.arange(n) for n in NVEC))
+    one = FactorizedCategorical(logits[0, 0].expand(len(joint), 8), NVEC)
+    torch.testing.assert_close(one.log_prob(joint).exp().sum(), torch.tensor(1.0))
+
+
+def test_factorized_greedy_is_the_per_dimension_argmax_and_samples_stay_in_range():
+    torch.manual_seed(0)
+    logits = torch.randn(200, 8)
+    dist = FactorizedCategorical(logits, NVEC)
+    expected = torch.stack([d.logits.argmax(-1) for d in _per_dim(logits)], dim=-1)
+    assert torch.equal(dist.mode, expected) and dist.mode.shape == (200, 3)
+    sample = dist.sample()
+    assert sample.shape == (200, 3) and sample.dtype == torch.int64
+    assert ((sample >= 0) & (sample < torch.tensor(NVEC))).all()
+    assert sample[:, 0].unique().numel() == 3 and sample[:, 2].unique().numel() == 4
+    # the sampler stores the log-probability the loss recomputes
+    action, log_prob = FactorizedCategoricalSampler(NVEC)(logits)
+    torch.testing.assert_close(log_prob, dist.log_prob(action))
+    greedy, _ = FactorizedCategoricalSampler(NVEC, deterministic=True)(logits)
+    assert torch.equal(greedy, expected)
+
+
+def test_factorized_shapes_are_checked():
+    with pytest.raises(ValueError, match=r"expected logits \[\*B, sum\(nvec\)\] = \[\*B, 8\]"):
+        FactorizedCategorical(torch.zeros(2, 7), NVEC)
+    with pytest.raises(ValueError, match=r"expected actions \[\*B, 3\]"):
+        FactorizedCategorical(torch.zeros(2, 8), NVEC).log_prob(torch.zeros(2, dtype=torch.long))
+
+
+@pytest.mark.parametrize("memory", ["none", "gru"])
+def test_actor_critic_multi_discrete_policy(memory):
+    torch.manual_seed(0)
+    model = ActorCritic(ModelConfig(memory=memory, hidden_size=8), 3, 8, action_nvec=NVEC)
+    assert model.action_nvec == NVEC and not model.continuous
+    td = TensorDict(observation=torch.randn(4, 3), is_init=torch.ones(4, 1, dtype=torch.bool))
+    td.batch_size = [4]
+    out = model.policy()(td.clone())
+    assert out["logits"].shape == (4, 8) and out["action"].shape == (4, 3)
+    assert out["sample_log_prob"].shape == (4,)
+    recomputed = model.factorized_distribution(out["logits"]).log_prob(out["action"])
+    torch.testing.assert_close(recomputed, out["sample_log_prob"])
+    greedy = model.policy(deterministic=True)(td.clone())
+    assert torch.equal(greedy["action"], FactorizedCategorical(greedy["logits"], NVEC).mode)
+
+
+def test_actor_critic_multi_discrete_arguments_are_checked():
+    cfg = ModelConfig(hidden_size=8)
+    with pytest.raises(ValueError, match=r"summing to n_actions.*Fix: n_actions=sum"):
+        ActorCritic(cfg, 3, 7, action_nvec=NVEC)
+    with pytest.raises(ValueError, match="without action_bounds"):
+        ActorCritic(cfg, 3, 2, action_nvec=(1, 1),
+                    action_bounds=(torch.zeros(2), torch.ones(2)))  # fmt: skip
+    with pytest.raises(ValueError, match="not MultiDiscrete"):
+        ActorCritic(cfg, 3, 2).factorized_distribution(torch.zeros(1, 2))
+
+
+def test_actor_critic_reads_the_nvec_of_a_multi_discrete_env():
+    cfg = TrainConfig(env=EnvConfig(env=MULTI_DISCRETE_ENV), model=ModelConfig(memory="none"))
+    env = make_env(cfg.env, num_envs=2, seed=0)
+    try:
+        assert env.action_spec.shape == (2, 2)
+        model = actor_critic(cfg, env)
+    finally:
+        env.close()
+    assert model.action_nvec == (3, 2)
+    logits = model.actor(TensorDict(observation=torch.zeros(2, 5), batch_size=[2]))
+    assert logits["logits"].shape == (2, 5)
+    assert math.isclose(
+        model.factorized_distribution(torch.zeros(5)).entropy().item(), math.log(6), rel_tol=1e-6
+    )
