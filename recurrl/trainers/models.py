@@ -62,8 +62,9 @@ def make_env(cfg: EnvConfig, *, num_envs: int | None = None, seed: int | None = 
 
     A discrete observation (gymnasium ``Discrete`` / ``MultiDiscrete``, e.g. the cards of
     popgym's RepeatPrevious) is one-hot encoded first (:class:`OneHotObservation`), so the
-    networks always read a flat float vector. Any other observation (a ``Dict``, an image,
-    a ``Box`` of rank > 1) goes through :class:`~recurrl.trainers.encoders.NetworkInputs`:
+    networks always read a flat float vector. Any other observation (a ``Dict``, a
+    ``Tuple``, an image, a ``Box`` of rank > 1) goes through
+    :class:`~recurrl.trainers.encoders.NetworkInputs`:
     ``"observation"`` ``[N, F]`` (the vectors, concatenated) and ``"pixels"`` uint8
     ``[N, H, W, C]`` (the images), text entries dropped with a warning. The recurrent
     policies' primers are appended by the collector.
