@@ -679,9 +679,10 @@ class TrainConfig:
         if self.algo != "ppo":
             raise ValueError(
                 f"TrainConfig: algo {self.algo!r} needs a Discrete action space (one Q-value "
-                f"per action); {self.env.env!r} has several discrete actions at once {space}. "
-                f"Fix: --algo ppo (a product of one categorical per action dimension), or pick "
-                f"an env with a Discrete action space (e.g. CartPole-masked)."
+                f"per action); {self.env.env!r} has a MultiDiscrete action (nvec "
+                f"{space.nvec.tolist()}: several discrete choices at once). Fix: --algo ppo (a "
+                f"product of one categorical per action dimension), or pick an env with a "
+                f"Discrete action space (e.g. CartPole-masked)."
             )
         if len(space.shape) != 1:
             raise ValueError(

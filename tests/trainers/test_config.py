@@ -81,7 +81,7 @@ def test_ppo_accepts_multi_discrete_actions_and_dqn_refuses_them():
     with pytest.raises(ValueError, match="needs a Discrete action space") as info:
         TrainConfig(algo="dqn", env=EnvConfig(env=MULTI_DISCRETE))
     message = str(info.value)
-    assert "MultiDiscrete([3 2]" in message and "Fix: --algo ppo" in message
+    assert "MultiDiscrete action (nvec [3, 2]" in message and "Fix: --algo ppo" in message
     assert "\n" not in message
     with pytest.raises(ValueError, match=r"continuous \(Box\) actions only"):
         TrainConfig(env=EnvConfig(env=MULTI_DISCRETE), model=ModelConfig(action_std="state"))
@@ -89,14 +89,17 @@ def test_ppo_accepts_multi_discrete_actions_and_dqn_refuses_them():
     with pytest.raises(ValueError, match=r"must be flat.*shape \(2, 2\).*Fix: flatten") as info:
         TrainConfig(env=EnvConfig(env=grid))
     assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match=r"MultiDiscrete action \(nvec \[\[3, 2\], \[2, 2\]\]:"):
+        TrainConfig(algo="dqn", env=EnvConfig(env=grid))
 
 
 def test_popgym_multi_discrete_envs_are_accepted_by_ppo_only():
     pytest.importorskip("popgym")
     for env_id in ("popgym-BattleshipEasy-v0", "popgym-MineSweeperEasy-v0"):
         TrainConfig(env=EnvConfig(env=env_id))
-        with pytest.raises(ValueError, match="Fix: --algo ppo"):
+        with pytest.raises(ValueError, match="Fix: --algo ppo") as info:
             TrainConfig(algo="dqn", env=EnvConfig(env=env_id))
+        assert "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize(
