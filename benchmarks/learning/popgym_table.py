@@ -255,6 +255,29 @@ def run_cell(out: Path, task: str, memory: str, frames: int, seeds: list[str],
             signal.signal(signal.SIGTERM, forward)
 
 
+def load_summary(out: Path, task: str, memory: str, frames: int) -> dict[str, Any]:
+    """The cell's ``summary.json``, or ``{}`` when missing or of other train options."""
+    summary: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        summary = json.loads((cell_dir(out, task, memory) / "summary.json").read_text())
+    return summary if summary.get("train_options") == train_options(task, memory, frames) else {}
+
+
+def complete(summary: dict[str, Any], seeds: list[int], episodes: int) -> bool:
+    """Whether ``summary`` holds every seed of ``seeds`` trained and evaluated over
+    ``episodes`` greedy episodes (its sweep need not run again).
+
+    Examples:
+        >>> s = {"eval_episodes": 20, "runs": [{"seed": 0, "state": "done", "eval_mean": 1.0},
+        ...                                    {"seed": 1, "state": "failed", "eval_mean": None}]}
+        >>> complete(s, [0], 20), complete(s, [0, 1], 20), complete(s, [0], 10)
+        (True, False, False)
+    """
+    done = {r["seed"] for r in summary.get("runs", [])
+            if r["state"] == "done" and r.get("eval_mean") is not None}  # fmt: skip
+    return summary.get("eval_episodes") == episodes and set(seeds) <= done
+
+
 def _last_line(text: str) -> str | None:
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1] if lines else None
@@ -263,24 +286,21 @@ def _last_line(text: str) -> str | None:
 def read_cell(out: Path, task: str, memory: str, seeds: list[int], frames: int,
               rc: int | None) -> tuple[list[float], str | None]:  # fmt: skip
     """``(paper-scale greedy returns of the finished requested seeds, error or None)`` of one
-    cell, from its ``summary.json`` (and ``sweep.log`` when the sweep failed before any run)."""
-    d = cell_dir(out, task, memory)
-    summary: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        summary = json.loads((d / "summary.json").read_text())
+    cell, from its ``summary.json`` (and ``sweep.log`` when the sweep failed before any run);
+    ``rc``: the exit status of the sweep just run (None: not run)."""
     values, errors = [], []
-    if summary.get("train_options") == train_options(task, memory, frames):
-        for run in summary.get("runs", []):
-            if run["seed"] not in seeds:
-                continue
-            if run["state"] == "done" and run.get("eval_mean") is not None:
-                values.append(paper_scale(task, float(run["eval_mean"])))
-            elif run.get("error"):
-                errors.append(f"seed {run['seed']}: {_last_line(run['error'])}")
+    for run in load_summary(out, task, memory, frames).get("runs", []):
+        if run["seed"] not in seeds:
+            continue
+        if run["state"] == "done" and run.get("eval_mean") is not None:
+            values.append(paper_scale(task, float(run["eval_mean"])))
+        elif run.get("error"):
+            errors.append(f"seed {run['seed']}: {_last_line(run['error'])}")
     error = errors[0] if errors else None
     if rc not in (None, 0) and error is None:  # failed before (or without) a summary
         try:
-            error = _last_line((d / "sweep.log").read_text(errors="replace"))
+            error = _last_line((cell_dir(out, task, memory) / "sweep.log").read_text(
+                errors="replace"))  # fmt: skip
         except OSError:
             error = None
         error = error or f"recurrl sweep exited with status {rc}"
@@ -360,7 +380,9 @@ def main(argv: list[str] | None = None) -> int:
                                "paper": PAPER[task], "returns": {}}  # fmt: skip
         for memory in args.memory:
             rc = None
-            if not args.table_only and status == 0:
+            summary = load_summary(args.out, task, memory, frames)
+            finished = complete(summary, seeds, args.eval_episodes)
+            if not (args.table_only or status or finished):  # status: interrupted, stop
                 print(f"{task} {memory}: recurrl sweep -> {cell_dir(args.out, task, memory)}",
                       flush=True)  # fmt: skip
                 rc = run_cell(args.out, task, memory, frames, [str(s) for s in seeds],
