@@ -212,7 +212,7 @@ def markdown_table(rows: list[dict[str, Any]], memories: list[str]) -> str:
             "paper GRU", "paper LSTM", "paper frame budget"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["name"], f"{r['frames'] // 1000}k", *(r["cells"][m] for m in memories),
+        cells = [r["name"], f"{r['frames'] / 1000:g}k", *(r["cells"][m] for m in memories),
                  paper_text(r["paper"]["gru"]), paper_text(r["paper"]["lstm"]),
                  paper_text(PAPER_FRAMES)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
@@ -325,14 +325,18 @@ def plot(rows: list[dict[str, Any]], memories: list[str], path: Path, seeds: int
                 ys.append(st["iqm"])
                 lo.append(st["iqm"] - st["ci_low"])
                 hi.append(st["ci_high"] - st["iqm"])
-        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=MEMORIES[m])
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=MEMORIES[m], color=f"C{i}")
+        for x, r in enumerate(rows):  # a failed cell: a mark where its bar would be
+            if r["cells"].get(m, "").startswith("error"):
+                ax.text(x + (i - (len(memories) - 1) / 2) * width, 0.02, "error", rotation=90,
+                        ha="center", va="bottom", fontsize=7, color=f"C{i}")  # fmt: skip
     ax.axhline(0.0, color="black", lw=0.6)
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([r["name"].replace("Easy", "") for r in rows], rotation=30, ha="right",
                        fontsize=8)  # fmt: skip
-    ax.set_ylim(-1.05, 1.05)
+    ax.set_ylim(-1.3, 1.05)  # BattleshipEasy's all-miss episode: -64/52
     ax.set_ylabel("greedy return (paper scale)")
-    ax.set_title(f"popgym (Easy), PPO (recurrl sweep): IQM and 95% CI over {seeds} seeds",
+    ax.set_title(f"popgym, PPO (recurrl sweep): greedy return, IQM and 95% CI over {seeds} seeds",
                  fontsize=10)  # fmt: skip
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
@@ -416,7 +420,17 @@ def main(argv: list[str] | None = None) -> int:
     if status:
         print("interrupted: run the same command again to finish the missing runs.",
               file=sys.stderr)  # fmt: skip
-    return status
+        return status
+    failed = [f"{r['name']} {MEMORIES[m]}" for r in rows for m, text in r["cells"].items()
+              if text.startswith("error")]  # fmt: skip
+    if failed:
+        print(
+            f"{len(failed)} cell(s) failed (their error is in the table, the sweep's output "
+            f"in OUT/<task>-<memory>/sweep.log): {', '.join(failed)}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
