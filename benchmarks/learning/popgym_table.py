@@ -168,11 +168,11 @@ def cell_text(values: list[float], expected: int, error: str | None = None) -> s
         >>> cell_text([], expected=5, error="ValueError: Tuple | Box")
         'error: ValueError: Tuple / Box'
         >>> cell_text([], expected=5)
-        'not run'
+        'no finished run'
     """
     if not values:
         if error is None:
-            return "not run"
+            return "no finished run"
         text = " ".join(error.split()).replace("|", "/")  # one line, no table separators
         return "error: " + (text if len(text) <= 160 else text[:157] + "...")
     from recurrl.trainers.stats import summarize
