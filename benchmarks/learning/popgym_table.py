@@ -49,8 +49,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @dataclasses.dataclass(frozen=True)
 class Task:
@@ -409,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table.md").write_text(text)
     data = {"seeds": seeds, "eval_episodes": args.eval_episodes, "recipe": list(RECIPE),
-            "rows": [{k: v for k, v in r.items()} for r in rows]}  # fmt: skip
+            "rows": rows}  # fmt: skip
     (args.out / "table.json").write_text(json.dumps(data, indent=2) + "\n")
     if args.plot is not None:
         if any(r["stats"] for r in rows):
