@@ -22,7 +22,7 @@ pytest.importorskip("scipy")
 TINY = [
     "--num-envs", "2", "--frames", "256", "--frames-per-batch", "128", "--num-minibatches", "2",
     "--epochs", "2", "--hidden-size", "8", "--quiet", "--no-plot", "--no-tensorboard",
-    "--max-episode-steps", "30",
+    "--max-episode-steps", "30", "--recurrent-backend", "pad",  # runs named pad-s<seed>
 ]  # fmt: skip
 
 
@@ -69,7 +69,7 @@ def test_plan_runs_every_seed_under_each_backend(tmp_path):
     args = build_parser().parse_args(["sweep", "--seeds", "3"])
     out, runs = _plan(args, ["--algo", "dqn"])
     assert out.as_posix() == "sweeps/CartPole-masked-dqn-lstm"
-    assert [r.name for r in runs] == ["pad-s3"]
+    assert [r.name for r in runs] == ["auto-s3"]  # the train default, --recurrent-backend auto
 
 
 @pytest.mark.parametrize(
