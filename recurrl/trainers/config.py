@@ -287,8 +287,10 @@ class PPOConfig:
     """Frames collected per batch (num_envs rows of frames_per_batch / num_envs steps)."""
     epochs: int = 8
     """Passes over every collected batch."""
-    num_minibatches: int = 4
-    """Minibatches per epoch (each a set of whole env rows, or of slices)."""
+    num_minibatches: int | None = None
+    """Minibatches per epoch (each a set of whole env rows, or of slices); it must divide the
+    rows of a batch (num_envs, or num_envs x slices per row). None: the largest divisor of
+    the rows up to 5 (5 minibatches of 4 rows with the default 20 envs, the tuned recipe)."""
     slice_len: int = 0
     """Cut each env row into slices of this many steps before minibatching (the recurrent
     state stored at a slice's first step restarts it); 0 keeps whole rows."""
@@ -339,8 +341,9 @@ class PPOConfig:
             frames=self.frames,
             frames_per_batch=self.frames_per_batch,
             epochs=self.epochs,
-            num_minibatches=self.num_minibatches,
         )
+        if self.num_minibatches is not None:
+            _positive("PPOConfig", num_minibatches=self.num_minibatches)
         if self.slice_len < 0:
             raise ValueError(f"PPOConfig: slice_len must be >= 0, received {self.slice_len}.")
         _check_frames("PPOConfig", self.frames, self.frames_per_batch)
@@ -543,6 +546,8 @@ ALGOS = ("ppo", "dqn")
 SAVED_BEFORE: dict[tuple[str, str], Any] = {("model", "recurrent_backend"): "pad"}
 #: ``EnvConfig.num_envs`` when it is None: the number each algorithm's recipe was tuned with
 DEFAULT_NUM_ENVS = {"ppo": 20, "dqn": 8}
+#: ``PPOConfig.num_minibatches`` when it is None: the largest divisor of a batch's rows up to this
+DEFAULT_MINIBATCHES = 5
 
 
 @dataclass
@@ -606,6 +611,9 @@ class TrainConfig:
                 f"row (frames_per_batch / num_envs). Fix: --slice-len a divisor of {steps}."
             )
         rows = n * (steps // slice_len) if slice_len else n
+        if self.ppo.num_minibatches is None:
+            top = DEFAULT_MINIBATCHES
+            self.ppo.num_minibatches = max(d for d in range(1, top + 1) if rows % d == 0)
         if rows % self.ppo.num_minibatches:
             what = "slices" if slice_len else "env rows"
             raise ValueError(

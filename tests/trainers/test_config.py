@@ -19,6 +19,8 @@ from recurrl.trainers.config import (
     resume_conflicts,
 )
 
+from ._helpers import parse_train
+
 
 @pytest.mark.parametrize("cls", [EnvConfig, ModelConfig, PPOConfig, RunConfig])
 def test_every_field_has_a_docstring(cls):
@@ -51,13 +53,30 @@ def test_batch_not_multiple_of_num_envs():
 
 def test_minibatches_must_split_rows_or_slices():
     with pytest.raises(ValueError, match="env rows"):
-        TrainConfig(env=EnvConfig(num_envs=6), ppo=PPOConfig(frames=1200, frames_per_batch=600))
+        TrainConfig(
+            env=EnvConfig(num_envs=6),
+            ppo=PPOConfig(frames=1200, frames_per_batch=600, num_minibatches=4),
+        )
     with pytest.raises(ValueError, match="slice_len=7"):
         TrainConfig(ppo=PPOConfig(slice_len=7))
-    cfg = TrainConfig(  # 8 rows of 125 steps cut into 25-step slices: 40 slices
-        ppo=PPOConfig(slice_len=25, num_minibatches=5)
+    cfg = TrainConfig(  # 20 rows of 50 steps cut into 25-step slices: 40 slices
+        ppo=PPOConfig(slice_len=25, num_minibatches=8)
     )
     assert cfg.ppo.slice_len == 25
+
+
+@pytest.mark.parametrize(
+    ("num_envs", "expected"), [(None, 5), (20, 5), (8, 4), (4, 4), (6, 3), (2, 2), (25, 5)]
+)
+def test_num_minibatches_defaults_to_the_largest_divisor_of_the_rows_up_to_5(num_envs, expected):
+    frames = 6000 if num_envs in (6, 25) else 1000  # a whole number of steps per env
+    fpb = {6: 600, 25: 1000}.get(num_envs, 1000)
+    cfg = TrainConfig(
+        env=EnvConfig(num_envs=num_envs), ppo=PPOConfig(frames=frames, frames_per_batch=fpb)
+    )
+    assert cfg.ppo.num_minibatches == expected
+    assert parse_train("--num-envs", "8").ppo.num_minibatches == 4  # not 20 envs' 5
+    assert parse_train("--num-envs", "8", "--num-minibatches", "2").ppo.num_minibatches == 2
 
 
 def test_discrete_algo_rejects_continuous_actions():
