@@ -304,7 +304,9 @@ def test_async_batches_per_worker_and_versions(ray_session):
         versions[w].append(int(b["collector", "policy_version"][0, 0]))
     for seq in versions.values():
         assert seq == sorted(seq)
-    assert int(batches[-1]["collector", "policy_version"][0, 0]) == 1  # the update arrived
+    # the update arrived: the batches requested after it carry version 1 (which batch comes
+    # last depends on the workers' timing: a slow worker's first batch may arrive after it)
+    assert max(max(seq) for seq in versions.values()) == 1
     # each worker's batches continue each other (trajectories go on across its batches)
     for w in (0, 1):
         own = torch.cat([b.select("observation") for b, x in zip(batches, workers) if x == w], 1)
