@@ -7,17 +7,17 @@ run as ``config.json``. Every ``__post_init__`` validates its fields and says wh
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import functools
-import inspect
-import itertools
-import math
-import textwrap
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from recurrl.trainers._config_checks import (
+    check_entries,
+    check_frames,
+    field_docs,
+    finite,
+    positive,
+)
 
 __all__ = [
     "MASKED_ENVS",
@@ -39,64 +39,6 @@ MASKED_ENVS: dict[str, tuple[str, list[int]]] = {
     # cos and sin of the angle; the angular velocity is hidden (continuous torque actions)
     "Pendulum-masked": ("Pendulum-v1", [0, 1]),
 }
-
-
-@functools.cache
-def field_docs(cls: type) -> dict[str, str]:
-    """The attribute docstrings of a dataclass: ``{field name: docstring}``.
-
-    A string literal right after a field's annotated assignment documents it (PEP 257
-    attribute docstrings; Sphinx reads them the same way).
-
-    Examples:
-        >>> field_docs(ModelConfig)["hidden_size"]
-        'Features of the recurrent state (and width of the MLP layers).'
-    """
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for node, nxt in itertools.pairwise(body):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(nxt, ast.Expr)
-            and isinstance(nxt.value, ast.Constant)
-            and isinstance(nxt.value.value, str)
-        ):
-            docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
-
-
-def _positive(cls: str, **values: Any) -> None:
-    for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{cls}: {name} must be an int >= 1, received {value!r}.")
-
-
-def _finite(obj: Any) -> None:
-    """Reject NaN and infinities in every float field of the dataclass ``obj``.
-
-    NaN compares False with every bound, so the range checks below would let it through
-    (``--lr nan`` trained on NaN weights); one check here covers every float option.
-    """
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            default = f.default if f.default is not dataclasses.MISSING else None
-            flag = "--" + f.name.replace("_", "-")
-            raise ValueError(
-                f"{type(obj).__name__}: {f.name} must be a finite number, received {value}. "
-                f"Fix: {flag} {default}."
-            )
-
-
-def _check_frames(cls: str, frames: int, frames_per_batch: int) -> None:
-    if frames % frames_per_batch:
-        fixed = max(1, round(frames / frames_per_batch)) * frames_per_batch
-        raise ValueError(
-            f"{cls}: frames={frames} is not a multiple of frames_per_batch="
-            f"{frames_per_batch}. Fix: --frames {fixed}."
-        )
 
 
 def _id_hint(name: str) -> str:
@@ -156,14 +98,14 @@ class EnvConfig:
     workers."""
 
     def __post_init__(self) -> None:
-        _finite(self)
-        _positive("EnvConfig", workers=self.workers)
+        finite(self)
+        positive("EnvConfig", workers=self.workers)
         if self.num_envs is not None:
-            _positive("EnvConfig", num_envs=self.num_envs)
+            positive("EnvConfig", num_envs=self.num_envs)
         if self.max_episode_steps is not None:
-            _positive("EnvConfig", max_episode_steps=self.max_episode_steps)
+            positive("EnvConfig", max_episode_steps=self.max_episode_steps)
         if self.envs_per_worker is not None:
-            _positive("EnvConfig", envs_per_worker=self.envs_per_worker)
+            positive("EnvConfig", envs_per_worker=self.envs_per_worker)
         if self.collector == "ray" and self.num_envs is not None:
             self.worker_envs()  # validates the split (else once TrainConfig resolved num_envs)
         self.gym_id()  # validates the id
@@ -252,12 +194,12 @@ class ModelConfig:
     resumed run may change it."""
 
     def __post_init__(self) -> None:
-        _finite(self)
+        finite(self)
         if self.memory not in ("lstm", "gru", "none"):
             raise ValueError(
                 f"ModelConfig: memory must be 'lstm', 'gru' or 'none', received {self.memory!r}."
             )
-        _positive("ModelConfig", hidden_size=self.hidden_size, num_layers=self.num_layers)
+        positive("ModelConfig", hidden_size=self.hidden_size, num_layers=self.num_layers)
         if self.action_std not in ("parameter", "state"):
             raise ValueError(
                 f"ModelConfig: action_std must be 'parameter' or 'state', received "
@@ -336,18 +278,18 @@ class PPOConfig:
     """Clip the global gradient norm to this value (0 disables)."""
 
     def __post_init__(self) -> None:
-        _finite(self)
-        _positive(
+        finite(self)
+        positive(
             "PPOConfig",
             frames=self.frames,
             frames_per_batch=self.frames_per_batch,
             epochs=self.epochs,
         )
         if self.num_minibatches is not None:
-            _positive("PPOConfig", num_minibatches=self.num_minibatches)
+            positive("PPOConfig", num_minibatches=self.num_minibatches)
         if self.slice_len < 0:
             raise ValueError(f"PPOConfig: slice_len must be >= 0, received {self.slice_len}.")
-        _check_frames("PPOConfig", self.frames, self.frames_per_batch)
+        check_frames("PPOConfig", self.frames, self.frames_per_batch)
         for name in ("gamma", "gae_lambda"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"PPOConfig: {name} must be in [0, 1].")
@@ -446,14 +388,14 @@ class DQNConfig:
     """Clip the global gradient norm to this value (0 disables)."""
 
     def __post_init__(self) -> None:
-        _finite(self)
-        _positive(
+        finite(self)
+        positive(
             "DQNConfig", frames=self.frames, frames_per_batch=self.frames_per_batch,
             buffer_size=self.buffer_size, updates_per_batch=self.updates_per_batch,
             num_slices=self.num_slices, train_len=self.train_len, eps_frames=self.eps_frames,
             hard_update_interval=self.hard_update_interval, n_steps=self.n_steps,
         )  # fmt: skip
-        _check_frames("DQNConfig", self.frames, self.frames_per_batch)
+        check_frames("DQNConfig", self.frames, self.frames_per_batch)
         if self.burn_in < 0 or self.learning_starts < 0:
             raise ValueError(
                 f"DQNConfig: burn_in and learning_starts must be >= 0, received "
@@ -526,8 +468,8 @@ class RunConfig:
     can run code."""
 
     def __post_init__(self) -> None:
-        _finite(self)
-        _positive("RunConfig", checkpoint_every=self.checkpoint_every)
+        finite(self)
+        positive("RunConfig", checkpoint_every=self.checkpoint_every)
         for name in ("num_threads", "eval_episodes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"RunConfig: {name} must be >= 0, received {getattr(self, name)}.")
@@ -564,7 +506,7 @@ class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
-        _finite(self)
+        finite(self)
         if self.algo not in ALGOS:
             raise ValueError(f"TrainConfig: unknown algo {self.algo!r}; available: {ALGOS}.")
         if self.env.num_envs is None:
@@ -722,7 +664,7 @@ class TrainConfig:
             ...
             ValueError: TrainConfig: model.hidden_size must be int, received '64' (str)...
         """
-        _check_entries(cls, data, "")
+        check_entries(cls, data, "", nested=SECTIONS)
         if saved:
             data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
             for (section, name), value in SAVED_BEFORE.items():
@@ -732,58 +674,9 @@ class TrainConfig:
         for name, value in data.items():
             sub = SECTIONS.get(name)
             if sub is not None:
-                _check_entries(sub, value, f"{name}.")
+                check_entries(sub, value, f"{name}.")
             kwargs[name] = sub(**value) if sub is not None else value
         return cls(**kwargs)
-
-
-def _type_name(hint: Any) -> str:
-    origin = typing.get_origin(hint)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(hint))
-    return "null" if hint is type(None) else getattr(hint, "__name__", str(hint))
-
-
-def _has_type(hint: Any, value: Any) -> bool:
-    """Whether a JSON value fits a field annotation (bool is not an int here)."""
-    origin = typing.get_origin(hint)
-    if origin is Literal:
-        return any(type(value) is type(a) and value == a for a in typing.get_args(hint))
-    if origin in (typing.Union, types.UnionType):
-        return any(_has_type(a, value) for a in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, hint) if isinstance(hint, type) else True
-
-
-def _check_entries(cls: type, data: Any, where: str) -> None:
-    """Raise ``ValueError`` for a non-dict, an unknown entry or a value of the wrong type."""
-    name = where.rstrip(".") or "the config"
-    if not isinstance(data, dict):
-        raise ValueError(
-            f"TrainConfig: {name} must be a JSON object of {cls.__name__} entries, received "
-            f"{data!r} ({type(data).__name__})."
-        )
-    hints = typing.get_type_hints(cls)
-    fields = [f.name for f in dataclasses.fields(cls)]
-    for key, value in data.items():
-        if key not in fields:
-            raise ValueError(
-                f"TrainConfig: unknown entry {where}{key} in {name}; expected some of "
-                f"{fields}. Fix: remove it, or correct its spelling."
-            )
-        section = cls is TrainConfig and key in SECTIONS  # checked entry by entry
-        if not section and not _has_type(hints[key], value):
-            raise ValueError(
-                f"TrainConfig: {where}{key} must be {_type_name(hints[key])}, received "
-                f"{value!r} ({type(value).__name__}). Fix: correct that entry."
-            )
 
 
 #: Fields (``"section.name"``) that ``recurrl train --resume`` may change. Everything else
