@@ -524,6 +524,7 @@ class TrainConfig:
                 f"env steps the same number of times). Fix: --frames-per-batch "
                 f"{max(1, fpb // n) * n} or another --num-envs."
             )
+        self._resolve_minibatches()
         self._check_collector()
         if self.algo == "ppo":
             self._check_ppo()
@@ -545,6 +546,18 @@ class TrainConfig:
                 f"add --collector ray, or drop --ray-address."
             )
 
+    def _resolve_minibatches(self) -> None:
+        """``ppo.num_minibatches=None``: the largest divisor of a batch's rows up to
+        :data:`DEFAULT_MINIBATCHES`, resolved for every algorithm so that a config always
+        holds the value it would train with (a DQN run's ppo section too)."""
+        if self.ppo.num_minibatches is not None:
+            return
+        n, p = self.env.num_envs, self.ppo
+        steps = max(1, p.frames_per_batch // n)
+        rows = n * max(1, steps // p.slice_len) if p.slice_len else n
+        top = DEFAULT_MINIBATCHES
+        p.num_minibatches = max(d for d in range(1, top + 1) if rows % d == 0)
+
     def _check_ppo(self) -> None:
         n = self.env.num_envs
         steps, slice_len = self.ppo.frames_per_batch // n, self.ppo.slice_len
@@ -554,9 +567,6 @@ class TrainConfig:
                 f"row (frames_per_batch / num_envs). Fix: --slice-len a divisor of {steps}."
             )
         rows = n * (steps // slice_len) if slice_len else n
-        if self.ppo.num_minibatches is None:
-            top = DEFAULT_MINIBATCHES
-            self.ppo.num_minibatches = max(d for d in range(1, top + 1) if rows % d == 0)
         if rows % self.ppo.num_minibatches:
             what = "slices" if slice_len else "env rows"
             raise ValueError(

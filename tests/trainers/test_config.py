@@ -77,6 +77,8 @@ def test_num_minibatches_defaults_to_the_largest_divisor_of_the_rows_up_to_5(num
     assert cfg.ppo.num_minibatches == expected
     assert parse_train("--num-envs", "8").ppo.num_minibatches == 4  # not 20 envs' 5
     assert parse_train("--num-envs", "8", "--num-minibatches", "2").ppo.num_minibatches == 2
+    # resolved with DQN too: a DQN run's config.json holds what a fresh config gives
+    assert parse_train("--algo", "dqn").ppo.num_minibatches == 4  # its 8 envs
 
 
 def test_discrete_algo_rejects_continuous_actions():
