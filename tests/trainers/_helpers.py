@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 from recurrl.trainers.cli import build_parser, config_from_args, main
 from recurrl.trainers.config import TrainConfig
@@ -57,3 +58,15 @@ def check_resume_replays(
     lines = run_cli(capsys, "train", "--resume", str(tmp_path / "cut"), "--trust-checkpoint")
     assert lines[-1] == str(tmp_path / "cut")
     assert metric_numbers(tmp_path / "cut") == metric_numbers(tmp_path / "full")
+
+
+def train_tiny_lstm(capsys, run_dir, tiny: list[str]) -> list[dict[str, str]]:
+    """``recurrl train *tiny --memory lstm`` into ``run_dir`` (two batches of 128 frames):
+    checks the printed run directory, the metrics rows and the checkpoint; returns the rows."""
+    lines = run_cli(capsys, "train", *tiny, "--memory", "lstm", "--run-dir", str(run_dir))
+    assert lines[-1] == str(run_dir)
+    rows = read_metrics(run_dir)
+    assert [int(r["frames"]) for r in rows] == [128, 256]
+    assert all(math.isfinite(float(r["entropy"])) for r in rows)
+    assert (run_dir / "checkpoint.pt").is_file()
+    return rows

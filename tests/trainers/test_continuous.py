@@ -13,7 +13,6 @@ from torch import distributions as D
 from recurrl.trainers import PPOTrainer
 from recurrl.trainers.cli import main
 from recurrl.trainers.config import EnvConfig, ModelConfig, RunConfig, TrainConfig
-from recurrl.trainers.logger import read_metrics
 from recurrl.trainers.models import (
     ActorCritic,
     GaussianParams,
@@ -22,7 +21,7 @@ from recurrl.trainers.models import (
     squashed_gaussian,
 )
 
-from ._helpers import check_resume_replays, parse_train, run_cli
+from ._helpers import check_resume_replays, parse_train, run_cli, train_tiny_lstm
 
 # 2 envs x 64 steps per batch, 2 batches
 TINY = [
@@ -190,12 +189,7 @@ def test_first_ratio_is_one_on_a_collected_batch(tmp_path):
 
 def test_train_writes_metrics_and_checkpoint_then_eval(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    lines = run_cli(capsys, "train", *TINY, "--memory", "lstm", "--run-dir", str(run_dir))
-    assert lines[-1] == str(run_dir)
-    rows = read_metrics(run_dir)
-    assert [int(r["frames"]) for r in rows] == [128, 256]
-    assert all(math.isfinite(float(r["entropy"])) for r in rows)
-    assert (run_dir / "checkpoint.pt").is_file()
+    train_tiny_lstm(capsys, run_dir, TINY)
     lines = run_cli(capsys, "eval", str(run_dir), "--episodes", "2")
     match = re.fullmatch(r"mean_return: (-\d+\.\d\d) ± (\d+\.\d\d) over 2 episodes", lines[-1])
     assert match, lines[-1]

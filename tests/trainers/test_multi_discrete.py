@@ -16,7 +16,7 @@ from recurrl.trainers import PPOTrainer
 from recurrl.trainers.cli import main
 from recurrl.trainers.logger import read_metrics
 
-from ._helpers import check_resume_replays, parse_train, run_cli
+from ._helpers import check_resume_replays, parse_train, run_cli, train_tiny_lstm
 
 ENV = "tests.trainers.multi_discrete_envs:RecurrlMultiDiscrete-v0"
 # 2 envs x 64 steps per batch, 2 batches
@@ -78,13 +78,8 @@ def test_the_collectors_policy_plan_gives_the_policys_actions(tmp_path, memory):
 
 def test_train_writes_metrics_and_checkpoint_then_eval(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    lines = run_cli(capsys, "train", *TINY, "--memory", "lstm", "--run-dir", str(run_dir))
-    assert lines[-1] == str(run_dir)
-    rows = read_metrics(run_dir)
-    assert [int(r["frames"]) for r in rows] == [128, 256]
-    assert all(math.isfinite(float(r["entropy"])) for r in rows)
+    rows = train_tiny_lstm(capsys, run_dir, TINY)
     assert all(0 < float(r["entropy"]) <= math.log(6) + 1e-5 for r in rows)
-    assert (run_dir / "checkpoint.pt").is_file()
     for greedy in ([], ["--sample"]):
         lines = run_cli(capsys, "eval", str(run_dir), "--episodes", "3", *greedy)
         match = MEAN_RETURN.fullmatch(lines[-1])
