@@ -18,50 +18,25 @@ class GRUModule(RecurrentModule):
     """A stacked GRU on TensorDicts, one step at a time or over whole sequences.
 
     The module reads ``in_keys = [input, h, "is_init"]`` and writes ``out_keys =
-    [output, ("next", h)]``. The state is ``[*B, num_layers, H]``.
+    [output, ("next", h)]``: one state, ``h`` ``[*B, num_layers, H]``. Modes, resets and the
+    ``("next", h)`` output are those of :class:`RecurrentModule`, which documents the
+    arguments shared with :class:`LSTMModule`.
 
-    * Sequential mode (default): input ``[*B, input_size]``; ``is_init`` True zeroes the
-      incoming state of that element.
-    * Recurrent mode (inside ``set_recurrent_mode(True)`` or with
-      ``default_recurrent_mode=True``): input ``[*B, T, input_size]`` with time the last batch
-      dim; each row starts from the state stored at its first step and restarts from the
-      stored state at every ``is_init``. ``("next", h)`` is exact at every
-      trajectory end (the step before an ``is_init`` and the last step) and zero elsewhere.
+    Each layer runs torch's ``nn.GRU`` cell on its input ``x`` (the module's input for the
+    first layer, the previous layer's ``h'`` after it)::
 
-    Args:
-        input_size: features of the input.
-        hidden_size: features of the hidden state.
-        num_layers: stacked layers. Default: 1.
-        bias: use ``b_ih``/``b_hh``. Default: True.
-        dropout: dropout on the outputs of every layer but the last (training). Default: 0.
-        python_based: use recurrl's python-native GRU instead of torch's fused one (works
-            under ``torch.vmap``/``torch.compile``). Default: False.
-        recurrent_backend: how recurrent mode handles resets: ``"pad"`` (split at resets, run
-            torch's fused kernel on the pieces), ``"scan"`` (time loop with ``where``),
-            ``"triton"`` (GPU kernel) or ``"auto"`` (the fastest for the input; see
-            ``docs/implementation_details.md``). All give the same numbers. Default: "pad".
-        recurrent_compute_dtype: dtype of the ``triton`` backend's recurrent matmul
-            (``torch.float32`` or ``torch.bfloat16``). Default: ``torch.float32``.
-        recurrent_recompute: ``"none"`` or ``"full"`` (recompute activations in backward;
-            with ``"scan"`` or ``"triton"``: ``"pad"`` and ``"auto"`` raise). Default: "none".
-        recurrent_matmul_precision: precision of the ``triton`` backend's matmul:
-            ``"ieee"``, ``"tf32"``, ``"tf32x3"``, ``"fast"``, ``"high-prec"`` or ``"auto"``.
-            Default: "auto".
+        r = sigmoid(W_ir x + b_ir + W_hr h + b_hr)
+        z = sigmoid(W_iz x + b_iz + W_hz h + b_hz)
+        n = tanh(W_in x + b_in + r * (W_hn h + b_hn))
+        h' = (1 - z) * n + z * h
 
     Keyword Args:
         in_key: the input key; the state key defaults to ``"recurrent_state"``. Exclusive
             with ``in_keys``.
         in_keys: ``[input, h]`` keys (``"is_init"`` is appended). Exclusive with ``in_key``.
-        out_key: the output key; state outputs default to ``("next", <state key>)``.
         out_keys: ``[output, ("next", h)]``. Exclusive with ``out_key``.
-        device: device of the parameters.
         gru: an existing ``torch.nn.GRU`` (or recurrl ``GRU``) to wrap, exclusive with the
             arguments that build one.
-        default_recurrent_mode: mode when no ``set_recurrent_mode`` is active. Default: False.
-        batch_first: accepted for compatibility; only ``True`` is supported (time is the last
-            batch dim of the TensorDict). Anything else raises ``ValueError``.
-        bidirectional: accepted for compatibility; only ``False`` is supported (a policy
-            acts one step at a time). Anything else raises ``ValueError``.
 
     Examples:
         >>> import torch

@@ -18,52 +18,31 @@ class LSTMModule(RecurrentModule):
     """A stacked LSTM on TensorDicts, one step at a time or over whole sequences.
 
     The module reads ``in_keys = [input, h, c, "is_init"]`` and writes ``out_keys =
-    [output, ("next", h), ("next", c)]``. States are ``[*B, num_layers, H]``
-    (``[*B, num_layers, proj_size]`` for ``h`` with a projection).
+    [output, ("next", h), ("next", c)]``: two states, ``h`` ``[*B, num_layers, H]``
+    (``[*B, num_layers, proj_size]`` with a projection) and ``c`` ``[*B, num_layers, H]``.
+    Modes, resets and the ``("next", ...)`` outputs are those of :class:`RecurrentModule`,
+    which documents the arguments shared with :class:`GRUModule`.
 
-    * Sequential mode (default): input ``[*B, input_size]``; ``is_init`` True zeroes the
-      incoming state of that element.
-    * Recurrent mode (inside ``set_recurrent_mode(True)`` or with
-      ``default_recurrent_mode=True``): input ``[*B, T, input_size]`` with time the last batch
-      dim; each row starts from the state stored at its first step and restarts from the
-      stored state at every ``is_init``. ``("next", h)``/``("next", c)`` are exact at every
-      trajectory end (the step before an ``is_init`` and the last step) and zero elsewhere.
+    Each layer runs torch's ``nn.LSTM`` cell on its input ``x`` (the module's input for the
+    first layer, the previous layer's ``h'`` after it)::
+
+        i = sigmoid(W_ii x + b_ii + W_hi h + b_hi)
+        f = sigmoid(W_if x + b_if + W_hf h + b_hf)
+        g = tanh(W_ig x + b_ig + W_hg h + b_hg)
+        o = sigmoid(W_io x + b_io + W_ho h + b_ho)
+        c' = f * c + i * g
+        h' = o * tanh(c')              (h' = W_hr (o * tanh(c')) with proj_size > 0)
 
     Args:
-        input_size: features of the input.
-        hidden_size: features of the hidden state.
-        num_layers: stacked layers. Default: 1.
-        bias: use ``b_ih``/``b_hh``. Default: True.
-        dropout: dropout on the outputs of every layer but the last (training). Default: 0.
-        python_based: use recurrl's python-native LSTM instead of torch's fused one (works
-            under ``torch.vmap``/``torch.compile``). Default: False.
-        recurrent_backend: how recurrent mode handles resets: ``"pad"`` (split at resets, run
-            torch's fused kernel on the pieces), ``"scan"`` (time loop with ``where``),
-            ``"triton"`` (GPU kernel) or ``"auto"`` (the fastest for the input; see
-            ``docs/implementation_details.md``). All give the same numbers. Default: "pad".
-        recurrent_compute_dtype: dtype of the ``triton`` backend's recurrent matmul
-            (``torch.float32`` or ``torch.bfloat16``). Default: ``torch.float32``.
-        recurrent_recompute: ``"none"`` or ``"full"`` (recompute activations in backward;
-            with ``"scan"`` or ``"triton"``: ``"pad"`` and ``"auto"`` raise). Default: "none".
-        recurrent_matmul_precision: precision of the ``triton`` backend's matmul:
-            ``"ieee"``, ``"tf32"``, ``"tf32x3"``, ``"fast"``, ``"high-prec"`` or ``"auto"``.
-            Default: "auto".
         proj_size: LSTM output projection size (0 for none). Default: 0.
 
     Keyword Args:
         in_key: the input key; the state keys default to ``"recurrent_state_h"`` and
             ``"recurrent_state_c"``. Exclusive with ``in_keys``.
         in_keys: ``[input, h, c]`` keys (``"is_init"`` is appended). Exclusive with ``in_key``.
-        out_key: the output key; state outputs default to ``("next", <state key>)``.
         out_keys: ``[output, ("next", h), ("next", c)]``. Exclusive with ``out_key``.
-        device: device of the parameters.
         lstm: an existing ``torch.nn.LSTM`` (or recurrl ``LSTM``) to wrap, exclusive with the
             arguments that build one.
-        default_recurrent_mode: mode when no ``set_recurrent_mode`` is active. Default: False.
-        batch_first: accepted for compatibility; only ``True`` is supported (time is the last
-            batch dim of the TensorDict). Anything else raises ``ValueError``.
-        bidirectional: accepted for compatibility; only ``False`` is supported (a policy
-            acts one step at a time). Anything else raises ``ValueError``.
 
     Examples:
         >>> import torch

@@ -32,6 +32,7 @@ from recurrl.functional.recurrent import (
     recurrent_step,
     recurrent_unroll,
 )
+from recurrl.modules._arg_docs import complete_arguments_doc
 from recurrl.modules.recurrent_mode import _current
 
 __all__ = ["RecurrentModule"]
@@ -86,8 +87,58 @@ def _check_auto_recompute(name: str, backend: str, recompute: str) -> None:
 
 
 class RecurrentModule(TensorDictModuleBase):
-    """Base class of the recurrent TensorDict modules. Use :class:`LSTMModule` or
-    :class:`GRUModule`; subclasses only declare the class attributes below."""
+    """Base class of the recurrent TensorDict modules: their keys, their two modes and the
+    constructor arguments they share. Use :class:`LSTMModule` or :class:`GRUModule`; a
+    subclass declares the class attributes below and its ``__init__``.
+
+    A module reads ``in_keys = [input, *states, "is_init"]`` and writes ``out_keys =
+    [output, *(("next", state) for state in states)]``; every state is
+    ``[*B, num_layers, S]`` (``S`` the state's size, ``hidden_size`` unless the subclass says
+    otherwise).
+
+    * Sequential mode (default): input ``[*B, input_size]``; ``is_init`` True zeroes the
+      incoming state of that element.
+    * Recurrent mode (inside ``set_recurrent_mode(True)`` or with
+      ``default_recurrent_mode=True``): input ``[*B, T, input_size]`` with time the last batch
+      dim; each row starts from the state stored at its first step and restarts from the
+      stored state at every ``is_init``. The ``("next", state)`` outputs are exact at every
+      trajectory end (the step before an ``is_init`` and the last step) and zero elsewhere.
+
+    The arguments below are documented here once. A subclass's docstring documents only its
+    own arguments and those it describes differently (the state keys, the wrapped network);
+    the rest are added to it when the class is created, in the order of its ``__init__``, so
+    ``help()`` and the rendered docs of every subclass list all of its arguments.
+
+    Args:
+        input_size: features of the input.
+        hidden_size: features of the hidden state.
+        num_layers: stacked layers. Default: 1.
+        bias: use ``b_ih``/``b_hh``. Default: True.
+        dropout: dropout on the outputs of every layer but the last (training). Default: 0.
+        python_based: use recurrl's python-native network instead of torch's fused one
+            (works under ``torch.vmap``/``torch.compile``). Default: False.
+        recurrent_backend: how recurrent mode handles resets: ``"pad"`` (split at resets, run
+            torch's fused kernel on the pieces), ``"scan"`` (time loop with ``where``),
+            ``"triton"`` (GPU kernel) or ``"auto"`` (the fastest for the input; see
+            ``docs/implementation_details.md``). All give the same numbers. Default: "pad".
+        recurrent_compute_dtype: dtype of the ``triton`` backend's recurrent matmul
+            (``torch.float32`` or ``torch.bfloat16``). Default: ``torch.float32``.
+        recurrent_recompute: ``"none"`` or ``"full"`` (recompute activations in backward;
+            with ``"scan"`` or ``"triton"``: ``"pad"`` and ``"auto"`` raise). Default: "none".
+        recurrent_matmul_precision: precision of the ``triton`` backend's matmul:
+            ``"ieee"``, ``"tf32"``, ``"tf32x3"``, ``"fast"``, ``"high-prec"`` or ``"auto"``.
+            Default: "auto".
+
+    Keyword Args:
+        out_key: the output key; the state outputs default to ``("next", <state key>)``.
+            Exclusive with ``out_keys``.
+        device: device of the parameters.
+        default_recurrent_mode: mode when no ``set_recurrent_mode`` is active. Default: False.
+        batch_first: accepted for compatibility; only ``True`` is supported (time is the last
+            batch dim of the TensorDict). Anything else raises ``ValueError``.
+        bidirectional: accepted for compatibility; only ``False`` is supported (a policy
+            acts one step at a time). Anything else raises ``ValueError``.
+    """
 
     #: ``"lstm"`` or ``"gru"``
     _mode: ClassVar[str]
@@ -97,6 +148,13 @@ class RecurrentModule(TensorDictModuleBase):
     _default_state_keys: ClassVar[tuple[str, ...]]
     _torch_cls: ClassVar[type[nn.Module]]
     _python_cls: ClassVar[type[nn.Module]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # the shared argument documentation, nearest base first (a subclass of LSTMModule
+        # gets the LSTM's entries)
+        bases = [b.__doc__ for b in cls.__mro__[1:] if issubclass(b, RecurrentModule)]
+        complete_arguments_doc(cls, *bases)
 
     def _setup(
         self,
