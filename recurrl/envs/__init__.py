@@ -30,6 +30,8 @@ from recurrl.envs.transforms import (
     Transform,
     TransformedEnv,
     find_transform,
+    get_env_transforms_from_module,
+    get_primers_from_module,
 )
 from recurrl.envs.utils import step_mdp
 
@@ -61,5 +63,7 @@ __all__ = [
     "Unbounded",
     "check_env_specs",
     "find_transform",
+    "get_env_transforms_from_module",
+    "get_primers_from_module",
     "step_mdp",
 ]

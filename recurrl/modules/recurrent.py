@@ -414,16 +414,15 @@ class RecurrentModule(TensorDictModuleBase):
 
         Append it to the env (``env.append_transform(module.make_tensordict_primer())``) so
         that the state keys are part of the env's specs and ride from step to step.
-        """
-        from recurrl.envs.specs import Unbounded
-        from recurrl.envs.transforms import TensorDictPrimer
 
-        device = next(self.rnn.parameters()).device
-        return TensorDictPrimer(
-            {key: Unbounded(shape=shape, dtype=dtype, device=device)
-             for key, (shape, dtype) in self.recurrent_state_spec.items()},
-            expand_specs=True,
-        )  # fmt: skip
+        A convenience for :meth:`recurrl.envs.TensorDictPrimer.from_module` ``(self)``: the
+        module only describes its state (:attr:`recurrent_state_spec`); the env side builds
+        the transform. The import below runs at call time only, so importing
+        :mod:`recurrl.modules` does not import :mod:`recurrl.envs`.
+        """
+        from recurrl.envs.transforms.primer import TensorDictPrimer
+
+        return TensorDictPrimer.from_module(self)
 
     @property
     def canonical_keys(self) -> list[NestedKey]:

@@ -1,134 +1,40 @@
-"""Helpers that look through a policy for its recurrent parts."""
+"""Documented aliases: the env transforms a policy needs are built in :mod:`recurrl.envs`.
+
+``get_primers_from_module`` and ``get_env_transforms_from_module`` live in
+:mod:`recurrl.envs.transforms.from_module` (also exported by :mod:`recurrl.envs`): the
+modules describe their state, the env side builds the transforms. They stay importable from
+here (and from :mod:`recurrl.modules`), where the reference library has them; the env package
+is imported on first access to either name, not when :mod:`recurrl.modules` is imported.
+
+Examples:
+    >>> from recurrl.modules.utils import get_primers_from_module
+    >>> from recurrl.envs import get_primers_from_module as from_envs
+    >>> get_primers_from_module is from_envs
+    True
+"""
 
 from __future__ import annotations
 
-import warnings
-from typing import TYPE_CHECKING
-
-from tensordict.utils import NestedKey
-from torch import nn
+import importlib
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from recurrl.envs.transforms import Compose, InitTracker, TensorDictPrimer
+    from recurrl.envs.transforms.from_module import (
+        get_env_transforms_from_module,
+        get_primers_from_module,
+    )
 
 __all__ = ["get_env_transforms_from_module", "get_primers_from_module"]
 
-
-def get_primers_from_module(
-    module: nn.Module, warn: bool = True, strict: bool = True
-) -> TensorDictPrimer | Compose | None:
-    """The primers every recurrent submodule of ``module`` needs, in module order.
-
-    Every submodule with a ``make_tensordict_primer()`` method contributes its primer.
-
-    Args:
-        module: the policy (or any ``nn.Module``) to look through.
-        warn: emit a ``UserWarning`` when ``module`` holds no recurrent module (a policy
-            passed here usually should hold one). Default: True.
-        strict: let an exception raised by a submodule's ``make_tensordict_primer()``
-            propagate. With ``False`` such submodules are skipped, one ``UserWarning`` names
-            their types, and the primers of the others are still returned. Default: True.
-
-    Returns:
-        ``None`` when no primer was made, the single ``TensorDictPrimer`` when there is
-        one, and a ``Compose`` of them otherwise.
-
-    Examples:
-        >>> from tensordict.nn import TensorDictSequential as Seq
-        >>> from recurrl.modules import GRUModule, LSTMModule
-        >>> policy = Seq(
-        ...     LSTMModule(3, 8, in_key="obs", out_key="a"),
-        ...     GRUModule(8, 4, in_keys=["a", "gru_h"], out_keys=["b", ("next", "gru_h")]),
-        ... )
-        >>> type(get_primers_from_module(policy)).__name__
-        'Compose'
-        >>> get_primers_from_module(nn.Linear(2, 2), warn=False) is None
-        True
-    """
-    primers, failed = [], []
-    for sub in module.modules():
-        make = getattr(sub, "make_tensordict_primer", None)
-        if not callable(make):
-            continue
-        if strict:
-            primers.append(make())
-            continue
-        try:
-            primers.append(make())
-        except Exception as err:  # reported below, as strict=False asks
-            failed.append(f"{type(sub).__name__} ({type(err).__name__}: {err})")
-    if failed:
-        warnings.warn(
-            f"get_primers_from_module(strict=False): make_tensordict_primer() failed for "
-            f"{len(failed)} submodule(s), whose primers are left out: {'; '.join(failed)}. "
-            f"Their state keys will be missing from the env; call it with strict=True to "
-            f"see the full error.",
-            UserWarning,
-            stacklevel=2,
-        )
-    if not primers:
-        if warn:
-            warnings.warn(
-                f"get_primers_from_module: no primer found in {type(module).__name__} (it "
-                f"holds no LSTMModule/GRUModule or other module with make_tensordict_primer"
-                f"()); returning None. Pass warn=False if that is expected.",
-                UserWarning,
-                stacklevel=2,
-            )
-        return None
-    if len(primers) == 1:
-        return primers[0]
-    from recurrl.envs.transforms import Compose
-
-    return Compose(*primers)
+_HOME = "recurrl.envs.transforms.from_module"
 
 
-def get_env_transforms_from_module(module: nn.Module, init_key: NestedKey = "is_init") -> (
-    Compose | InitTracker
-):  # fmt: skip
-    """The env transforms a policy needs: an ``InitTracker`` and its recurrent modules' primers.
+def __getattr__(name: str) -> Any:
+    # PEP 562: resolved on first access, so `import recurrl.modules` leaves recurrl.envs alone.
+    if name in __all__:
+        return getattr(importlib.import_module(_HOME), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    Append the result to the env (``TransformedEnv(base_env, transforms)`` or
-    ``env.append_transform(transforms)``) so that ``init_key`` marks episode starts and the
-    hidden states ride from step to step.
 
-    Args:
-        module: the policy; its recurrent submodules are found as by
-            :func:`get_primers_from_module`.
-        init_key: the key ``InitTracker`` writes. recurrl's recurrent modules read
-            ``"is_init"``; another key raises ``ValueError`` when ``module`` holds one
-            (they would never see a reset). Default: ``"is_init"``.
-
-    Returns:
-        ``Compose(InitTracker(init_key), *primers)`` when ``module`` holds recurrent
-        modules, else the bare ``InitTracker``.
-
-    Examples:
-        >>> from recurrl.modules import GRUModule
-        >>> gru = GRUModule(4, 8, in_keys=["obs", "rs"], out_keys=["features", ("next", "rs")])
-        >>> transforms = get_env_transforms_from_module(gru)
-        >>> [type(t).__name__ for t in transforms]
-        ['InitTracker', 'TensorDictPrimer']
-        >>> type(get_env_transforms_from_module(nn.Linear(2, 2))).__name__
-        'InitTracker'
-    """
-    from recurrl.envs.transforms import Compose, InitTracker
-
-    readers = [
-        type(sub).__name__
-        for sub in module.modules()
-        if callable(getattr(sub, "make_tensordict_primer", None))
-        and init_key not in getattr(sub, "in_keys", [init_key])
-    ]
-    if readers:
-        raise ValueError(
-            f"get_env_transforms_from_module: init_key={init_key!r} is not read by "
-            f"{sorted(set(readers))}, which read 'is_init' to restart their hidden state; "
-            f"with another key they would never see an episode start. Fix: keep the default "
-            f"init_key='is_init'."
-        )
-    tracker = InitTracker(init_key=init_key)
-    primers = get_primers_from_module(module, warn=False)
-    if primers is None:
-        return tracker
-    return Compose(tracker, *(primers if isinstance(primers, Compose) else [primers]))
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -1,5 +1,9 @@
 """Env transforms: the Transform base, TransformedEnv, Compose and one transform per file."""
 
+from recurrl.envs.transforms.from_module import (
+    get_env_transforms_from_module,
+    get_primers_from_module,
+)
 from recurrl.envs.transforms.init_tracker import InitTracker
 from recurrl.envs.transforms.mask_observation import MaskObservation
 from recurrl.envs.transforms.one_hot_observation import OneHotObservation
@@ -23,4 +27,6 @@ __all__ = [
     "Transform",
     "TransformedEnv",
     "find_transform",
+    "get_env_transforms_from_module",
+    "get_primers_from_module",
 ]

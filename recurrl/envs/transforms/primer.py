@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from tensordict import NestedKey, TensorDictBase, unravel_key
+from torch import nn
 
-from recurrl.envs.specs import Composite, TensorSpec
+from recurrl.envs.specs import Composite, TensorSpec, Unbounded
 from recurrl.envs.transforms.transform import Transform
 from recurrl.envs.utils import RESET_KEY, get_reset_mask, where_reset
 
@@ -102,6 +104,58 @@ class TensorDictPrimer(Transform):
         self.expand_specs = expand_specs
         self.single_default_value = single_default_value
         self.__dict__["_expanded_cache"] = {}
+
+    @classmethod
+    def from_module(
+        cls, module: nn.Module, *, device: torch.device | str | None = None
+    ) -> TensorDictPrimer:
+        """The primer of a module that describes its recurrent state.
+
+        ``module.recurrent_state_spec`` maps every state key to ``(shape, dtype)``, the
+        shape without batch dims (``[num_layers, S]`` for recurrl's recurrent modules).
+        The primer declares one :class:`~recurrl.envs.specs.Unbounded` spec per key, zeros
+        on reset, expanded to ``[*B, *shape]`` whatever the env batch size
+        (``expand_specs=True``). This is what ``module.make_tensordict_primer()`` returns:
+        the module only describes its state and the env side builds the transform, so
+        :mod:`recurrl.modules` never imports :mod:`recurrl.envs`.
+
+        Args:
+            module: any ``nn.Module`` with a ``recurrent_state_spec`` mapping.
+            device: device of the specs; ``None`` (default) takes the device of the
+                module's first parameter or buffer (CPU when it has none).
+
+        Returns:
+            A ``TensorDictPrimer`` over the module's state keys.
+
+        Raises:
+            TypeError: ``module`` has no ``recurrent_state_spec`` mapping.
+
+        Examples:
+            >>> from recurrl.modules import LSTMModule
+            >>> lstm = LSTMModule(3, 8, num_layers=2, in_key="obs", out_key="features")
+            >>> primer = TensorDictPrimer.from_module(lstm)
+            >>> primer
+            TensorDictPrimer(keys=['recurrent_state_h', 'recurrent_state_c'], default_value=0.0)
+            >>> primer.primers["recurrent_state_h"].shape
+            torch.Size([2, 8])
+        """
+        state = getattr(module, "recurrent_state_spec", None)
+        if not isinstance(state, Mapping):
+            got = "" if state is None else f" whose recurrent_state_spec is {type(state).__name__}"
+            raise TypeError(
+                f"TensorDictPrimer.from_module: expected a module with a recurrent_state_spec "
+                f"mapping (state key -> (shape, dtype)), received {type(module).__name__}{got}"
+                f". Fix: pass a recurrent module (LSTMModule, GRUModule, a RecurrentModule), "
+                f"or build TensorDictPrimer({{key: Unbounded(shape)}}) by hand."
+            )
+        if device is None:
+            tensor = next(itertools.chain(module.parameters(), module.buffers()), None)
+            device = None if tensor is None else tensor.device
+        return cls(
+            {key: Unbounded(shape=shape, dtype=dtype, device=device)
+             for key, (shape, dtype) in state.items()},
+            expand_specs=True,
+        )  # fmt: skip
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

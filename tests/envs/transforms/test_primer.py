@@ -232,3 +232,33 @@ class TestStep:
         assert torch.equal(data["rs_c"], -data["rs_h"])
         starts = data["is_init"].squeeze(-1)
         assert ((data["rs_h"][..., 0, 0] == 0) == starts).all()
+
+
+class TestFromModule:
+    def test_keys_shapes_dtype_device_of_the_module(self):
+        from recurrl.modules import LSTMModule
+
+        lstm = LSTMModule(3, 5, num_layers=2, in_key="obs", out_key="f").double()
+        primer = TensorDictPrimer.from_module(lstm)
+        assert list(primer.primers.keys(True, True)) == lstm.state_keys
+        for key in lstm.state_keys:
+            spec = primer.primers[key]
+            assert isinstance(spec, Unbounded) and spec.shape == (2, 5)
+            assert spec.dtype == torch.float64 and spec.device == torch.device("cpu")
+        assert primer.expand_specs is True
+        # the method on the module is this constructor
+        made = lstm.make_tensordict_primer()
+        assert type(made) is TensorDictPrimer
+        assert made.primers == primer.primers
+
+    def test_expands_to_any_batch_size(self):
+        class State(torch.nn.Module):
+            recurrent_state_spec = {("nested", "h"): (torch.Size([3, 2]), torch.float32)}
+
+        env = make_env(TensorDictPrimer.from_module(State()), batch_size=(3,))
+        assert env.reset()["nested", "h"].shape == (3, 3, 2)
+        assert TensorDictPrimer.from_module(State(), device="cpu").primers["nested", "h"].device
+
+    def test_module_without_state_raises(self):
+        with pytest.raises(TypeError, match=r"recurrent_state_spec mapping.*received Linear"):
+            TensorDictPrimer.from_module(torch.nn.Linear(2, 2))
