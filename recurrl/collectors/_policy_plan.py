@@ -9,8 +9,9 @@ themselves: every wrapper goes through ``nn.Module.__call__``, the ``dispatch`` 
 :func:`plan_policy` recognises that composition when nothing in it uses those features
 (no hooks, plain keyword-free wrappers writing in place, default sequence options) and
 returns a function that reads the ``in_keys``, calls the wrapped networks and writes the
-``out_keys`` directly; networks and recurrl's ``LSTMModule``/``GRUModule`` that have no
-hooks are called through their ``forward``. Anything it does not recognise is called as it
+``out_keys`` directly; networks and recurrl's recurrent modules (``LSTMModule``,
+``GRUModule``, any ``RecurrentModule`` whose call is the base's) that have no hooks are
+called through their ``forward``. Anything it does not recognise is called as it
 is, so the plan of a policy it cannot improve is the policy itself (or ``None``: call the
 policy). Tests compare the plan with the policy on many compositions, including every case
 it must refuse.
@@ -26,7 +27,7 @@ from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import Tensor, nn
 from torch.nn.modules import module as _torch_module
 
-from recurrl.modules import GRUModule, LSTMModule
+from recurrl.modules import RecurrentModule
 
 __all__ = ["plan_policy"]
 
@@ -160,8 +161,18 @@ def _bare_module(module: nn.Module) -> bool:
 
 
 def _plain_recurrent(module: nn.Module) -> bool:
-    """recurrl's own ``LSTMModule``/``GRUModule`` (not a subclass) that is bare."""
-    return type(module) in (LSTMModule, GRUModule) and _bare_module(module)
+    """A bare recurrl ``RecurrentModule`` (``LSTMModule``, ``GRUModule`` or another cell's
+    module) whose call is the base's: ``forward``, ``__call__`` and ``_call_impl`` not
+    overridden, so that calling ``forward`` is calling the module. A subclass that changes
+    any of them is called as it is."""
+    cls = type(module)
+    return (
+        isinstance(module, RecurrentModule)
+        and cls.forward is RecurrentModule.forward
+        and cls.__call__ is RecurrentModule.__call__
+        and cls._call_impl is RecurrentModule._call_impl
+        and _bare_module(module)
+    )
 
 
 def _plan(module: Any) -> Step:

@@ -17,7 +17,7 @@ from torch import nn
 import recurrl.collectors.collector as collector_module
 from recurrl.collectors import Collector
 from recurrl.collectors._policy_plan import plan_policy
-from recurrl.modules import LSTMModule, set_recurrent_mode
+from recurrl.modules import GRUModule, LSTMModule, set_recurrent_mode
 from recurrl.testing import CountingEnv
 
 B, F, H = 3, 4, 5
@@ -129,24 +129,48 @@ def test_wrappers_with_options_run_through_the_wrapper():
     assert calls == ["hook", "inner", "hook", "inner"]  # the policy's call and the plan's
 
 
-def test_recurrent_modules_called_through_forward_unless_hooked_or_subclassed():
-    plain = lstm()
-    cells = [c.cell_contents for c in plan_policy(TensorDictSequential(plain)).__closure__]
+def _planned_steps(policy: TensorDictSequential) -> list:
+    cells = [c.cell_contents for c in plan_policy(policy).__closure__]
     (steps,) = [c for c in cells if isinstance(c, list)]
-    assert steps == [plain.forward]  # bound method: no nn.Module.__call__
+    return steps
+
+
+def test_recurrent_modules_called_through_forward_unless_hooked_or_call_overridden():
+    plain = lstm()
+    assert _planned_steps(TensorDictSequential(plain)) == [plain.forward]  # no Module.__call__
+    gru = GRUModule(F, H, in_keys=["observation", "g"], out_keys=["feat3", ("next", "g")])
+    assert _planned_steps(TensorDictSequential(gru)) == [gru.forward]
 
     calls = []
     hooked = lstm()
     hooked.register_forward_hook(lambda *args: calls.append("hook"))
 
-    class Sub(LSTMModule):
+    class Sub(LSTMModule):  # another cell's module: its call is still the base's
         pass
 
-    sub = Sub(
-        F, H, in_keys=["observation", "h", "c"], out_keys=["feat2", ("next", "h"), ("next", "c")]
-    )
-    same(TensorDictSequential(plain, hooked, sub))
-    assert calls == ["hook", "hook"]  # the policy's call and the plan's
+    class OwnForward(LSTMModule):
+        def forward(self, tensordict=None, *args, **kwargs):
+            calls.append("forward")
+            return super().forward(tensordict, *args, **kwargs)
+
+    class OwnCall(LSTMModule):
+        def __call__(self, *args, **kwargs):
+            calls.append("call")
+            return super().__call__(*args, **kwargs)
+
+    def make(cls, out):
+        return cls(
+            F, H, in_keys=["observation", "h", "c"], out_keys=[out, ("next", "h"), ("next", "c")]
+        )
+
+    sub, own_forward, own_call = make(Sub, "feat2"), make(OwnForward, "f4"), make(OwnCall, "f5")
+    policy = TensorDictSequential(plain, hooked, sub, own_forward, own_call)
+    steps = _planned_steps(policy)
+    assert steps[0] == plain.forward and steps[2] == sub.forward
+    assert steps[1] is hooked and steps[3] is own_forward and steps[4] is own_call
+    same(policy)
+    # the policy's call and the plan's, each through the hook and both overrides
+    assert calls == ["hook", "forward", "call", "hook", "forward", "call"]
 
 
 def test_planned_recurrent_module_follows_the_recurrent_mode():
