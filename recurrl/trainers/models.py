@@ -24,7 +24,7 @@ from recurrl.envs import (
     TransformedEnv,
     specs,
 )
-from recurrl.modules import MLP, GRUModule, LSTMModule
+from recurrl.modules import MLP, GRUModule, LSTMModule, RecurrentModule
 from recurrl.trainers.config import DEFAULT_NUM_ENVS, EnvConfig, ModelConfig, TrainConfig
 from recurrl.trainers.encoders import (
     ObsInputs,
@@ -54,6 +54,14 @@ OBS_KEY = "observation"
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 #: squashed actions are clamped to (-1 + eps, 1 - eps) before atanh (as ClipPPOLoss does)
 TANH_EPS = 1e-6
+#: ``ModelConfig.memory`` of the feed-forward trunk (an MLP, no state)
+FEED_FORWARD = "none"
+#: ``ModelConfig.memory`` -> the recurrent trunk's module and the suffixes of its state keys
+#: (``f"{name}_{suffix}"``): the one place a memory name is mapped to a module.
+MEMORY_MODULES: dict[str, tuple[type[RecurrentModule], tuple[str, ...]]] = {
+    "lstm": (LSTMModule, ("h", "c")),
+    "gru": (GRUModule, ("h",)),
+}
 
 
 def make_env(cfg: EnvConfig, *, num_envs: int | None = None, seed: int | None = None):
@@ -332,29 +340,30 @@ def _trunk(cfg: ModelConfig, obs_dim: int, name: str, obs_key: str = OBS_KEY) ->
     """A trunk reading ``obs_key`` (default ``"observation"``) and writing
     ``f"{name}_features"``.
 
-    Recurrent trunks keep their state under ``f"{name}_h"`` (and ``f"{name}_c"``), so the
-    actor's and the critic's own trunks never share state keys.
+    Recurrent trunks (the module :data:`MEMORY_MODULES` maps ``cfg.memory`` to) keep their
+    state under ``f"{name}_h"`` (and ``f"{name}_c"`` for the LSTM), so the actor's and the
+    critic's own trunks never share state keys.
     """
     out = f"{name}_features"
-    if cfg.memory == "lstm":
-        h, c = f"{name}_h", f"{name}_c"
-        return LSTMModule(
-            obs_dim, cfg.hidden_size, num_layers=cfg.num_layers,
-            recurrent_backend=cfg.recurrent_backend,
-            in_keys=[obs_key, h, c], out_keys=[out, ("next", h), ("next", c)],
+    if cfg.memory == FEED_FORWARD:
+        mlp = MLP(
+            obs_dim, cfg.hidden_size, num_cells=cfg.hidden_size, depth=cfg.num_layers,
+            activate_last_layer=True,
         )  # fmt: skip
-    if cfg.memory == "gru":
-        h = f"{name}_h"
-        return GRUModule(
-            obs_dim, cfg.hidden_size, num_layers=cfg.num_layers,
-            recurrent_backend=cfg.recurrent_backend,
-            in_keys=[obs_key, h], out_keys=[out, ("next", h)],
-        )  # fmt: skip
-    mlp = MLP(
-        obs_dim, cfg.hidden_size, num_cells=cfg.hidden_size, depth=cfg.num_layers,
-        activate_last_layer=True,
+        return Mod(mlp, in_keys=[obs_key], out_keys=[out])
+    if cfg.memory not in MEMORY_MODULES:
+        choices = ", ".join(repr(m) for m in (*MEMORY_MODULES, FEED_FORWARD))
+        raise ValueError(
+            f"ModelConfig.memory must be one of {choices}, received {cfg.memory!r}. Fix: "
+            f"--memory {next(iter(MEMORY_MODULES))} (or another of those names)."
+        )
+    module, suffixes = MEMORY_MODULES[cfg.memory]
+    states = [f"{name}_{suffix}" for suffix in suffixes]
+    return module(
+        obs_dim, cfg.hidden_size, num_layers=cfg.num_layers,
+        recurrent_backend=cfg.recurrent_backend,
+        in_keys=[obs_key, *states], out_keys=[out, *(("next", key) for key in states)],
     )  # fmt: skip
-    return Mod(mlp, in_keys=[obs_key], out_keys=[out])
 
 
 class ObsScale(nn.Module):
@@ -520,7 +529,7 @@ class ActorCritic(nn.Module):
             *pre, critic_trunk, Mod(MLP(width, 1, num_cells=width), [c_feat], ["state_value"])
         )
         self._critic_trunk_at = len(pre)  # index of the critic's trunk in self.critic
-        self._carry_critic = cfg.memory != "none" and not cfg.shared_trunk
+        self._carry_critic = cfg.memory != FEED_FORWARD and not cfg.shared_trunk
 
     def policy(self, deterministic: bool = False) -> Seq:
         """The acting module; ``deterministic`` takes the most likely action (continuous: the

@@ -4,18 +4,23 @@
 from __future__ import annotations
 
 import math
+import typing
 
 import pytest
 import torch
 from tensordict import TensorDict
 from torch.distributions import Categorical
 
+from recurrl.modules import GRUModule, LSTMModule
 from recurrl.trainers.config import EnvConfig, ModelConfig, TrainConfig
 from recurrl.trainers.models import (
+    FEED_FORWARD,
+    MEMORY_MODULES,
     ActorCritic,
     FactorizedCategorical,
     FactorizedCategoricalSampler,
     ObservationNorm,
+    _trunk,
     actor_critic,
     make_env,
 )
@@ -150,3 +155,30 @@ def test_actor_critic_reads_the_nvec_of_a_multi_discrete_env():
     assert math.isclose(
         model.factorized_distribution(torch.zeros(5)).entropy().item(), math.log(6), rel_tol=1e-6
     )
+
+
+def test_memory_names_of_the_builder_are_those_of_the_config():
+    """--memory's choices (the config's Literal) and the builder's map name the same trunks."""
+    memory = typing.get_type_hints(ModelConfig)["memory"]
+    assert {*MEMORY_MODULES, FEED_FORWARD} == set(typing.get_args(memory))
+
+
+@pytest.mark.parametrize(
+    ("memory", "cls", "states"),
+    [("lstm", LSTMModule, ["actor_h", "actor_c"]), ("gru", GRUModule, ["actor_h"])],
+)
+def test_trunk_builds_the_memory_module_with_its_state_keys(memory, cls, states):
+    cfg = ModelConfig(memory=memory, hidden_size=8, num_layers=2, recurrent_backend="scan")
+    trunk = _trunk(cfg, 3, "actor")
+    assert type(trunk) is cls
+    assert trunk.in_keys == ["observation", *states, "is_init"]
+    assert trunk.out_keys == ["actor_features", *(("next", key) for key in states)]
+    assert (trunk.rnn.hidden_size, trunk.rnn.num_layers) == (8, 2)
+    assert trunk.recurrent_backend == "scan"
+
+
+def test_trunk_refuses_an_unknown_memory_naming_the_choices():
+    cfg = ModelConfig(hidden_size=8)
+    cfg.memory = "transformer"  # type: ignore[assignment]  # past the config's own check
+    with pytest.raises(ValueError, match="'lstm', 'gru', 'none', received 'transformer'"):
+        _trunk(cfg, 3, "actor")
