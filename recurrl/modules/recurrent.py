@@ -16,6 +16,7 @@ Two execution modes (see :class:`~recurrl.modules.set_recurrent_mode`):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -24,8 +25,8 @@ from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torch import Tensor, nn
 
-from recurrl.functional.precision import validate_recurrent_matmul_precision
 from recurrl.functional.recurrent import (
+    RecurrentOptions,
     RNNConfig,
     check_recurrent_options,
     fused_runner,
@@ -38,7 +39,6 @@ from recurrl.modules.recurrent_mode import _current
 __all__ = ["RecurrentModule"]
 
 IS_INIT_KEY = "is_init"
-_COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
 #: integer dtypes an ``is_init`` of 0/1 values may come in (cast to bool after a value check)
 _INTEGER_FLAGS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
@@ -193,15 +193,12 @@ class RecurrentModule(TensorDictModuleBase):
             python_based=python_based,
             device=device,
             proj_size=getattr(rnn, "proj_size", 0),
+            mode=self._mode,
         )
-        if recurrent_compute_dtype not in _COMPUTE_DTYPES:
-            raise ValueError(
-                f"{name}: recurrent_compute_dtype must be one of {_COMPUTE_DTYPES}, "
-                f"got {recurrent_compute_dtype!r}."
-            )
-        self.recurrent_matmul_precision = validate_recurrent_matmul_precision(
-            recurrent_matmul_precision
-        ).value
+        options = self._options(
+            recurrent_backend, recurrent_recompute, recurrent_compute_dtype,
+            recurrent_matmul_precision,
+        )  # fmt: skip
         if default_recurrent_mode is not None and not isinstance(default_recurrent_mode, bool):
             raise ValueError(
                 f"{name}: default_recurrent_mode must be a bool or None, "
@@ -212,10 +209,8 @@ class RecurrentModule(TensorDictModuleBase):
         elif not python_based and isinstance(rnn, self._python_cls):
             python_based = True
         self._set_rnn(rnn, python_based)
-        # validated above as a pair; the properties below validate later assignments
-        self._recurrent_backend = recurrent_backend
-        self._recurrent_recompute = recurrent_recompute
-        self.recurrent_compute_dtype = recurrent_compute_dtype
+        # validated above; the properties below validate later assignments
+        self._recurrent_options = options
         self.default_recurrent_mode = bool(default_recurrent_mode)
 
     # ------------------------------------------------------------------ construction
@@ -349,26 +344,69 @@ class RecurrentModule(TensorDictModuleBase):
         return RNNConfig(self._mode, rnn.input_size, rnn.hidden_size, rnn.num_layers,
                          bool(rnn.bias), float(rnn.dropout), proj)  # fmt: skip
 
+    def _options(self, backend, recompute, compute_dtype, precision) -> RecurrentOptions:
+        try:
+            return RecurrentOptions(backend, recompute, compute_dtype, precision)
+        except ValueError as err:
+            raise ValueError(f"{type(self).__name__}: {err}") from None
+
+    @property
+    def recurrent_options(self) -> RecurrentOptions:
+        """The recurrent-mode settings as one frozen
+        :class:`~recurrl.functional.recurrent.RecurrentOptions`, forwarded unchanged to
+        :func:`~recurrl.functional.recurrent.recurrent_unroll`. Assignable (validated)."""
+        return self._recurrent_options
+
+    @recurrent_options.setter
+    def recurrent_options(self, value: RecurrentOptions) -> None:
+        if not isinstance(value, RecurrentOptions):
+            raise TypeError(
+                f"{type(self).__name__}.recurrent_options must be a RecurrentOptions, "
+                f"received {type(value).__name__}."
+            )
+        self._check_backend_pair(value.backend, value.recompute)
+        self._recurrent_options = value
+
     @property
     def recurrent_backend(self) -> str:
         """Backend of recurrent mode (``"pad"``, ``"scan"``, ``"triton"`` or ``"auto"``).
         Assignable; the new value is validated together with :attr:`recurrent_recompute`."""
-        return self._recurrent_backend
+        return self._recurrent_options.backend
 
     @recurrent_backend.setter
     def recurrent_backend(self, value: str) -> None:
-        self._check_backend_pair(value, self._recurrent_recompute)
-        self._recurrent_backend = value
+        self._check_backend_pair(value, self.recurrent_recompute)
+        self._recurrent_options = replace(self._recurrent_options, backend=value)
 
     @property
     def recurrent_recompute(self) -> str:
         """``"none"`` or ``"full"``. Assignable; validated with :attr:`recurrent_backend`."""
-        return self._recurrent_recompute
+        return self._recurrent_options.recompute
 
     @recurrent_recompute.setter
     def recurrent_recompute(self, value: str) -> None:
-        self._check_backend_pair(self._recurrent_backend, value)
-        self._recurrent_recompute = value
+        self._check_backend_pair(self.recurrent_backend, value)
+        self._recurrent_options = replace(self._recurrent_options, recompute=value)
+
+    @property
+    def recurrent_compute_dtype(self) -> torch.dtype:
+        """Dtype of the ``triton`` backend's recurrent matmul operands. Assignable."""
+        return self._recurrent_options.compute_dtype
+
+    @recurrent_compute_dtype.setter
+    def recurrent_compute_dtype(self, value: torch.dtype) -> None:
+        o = self._recurrent_options
+        self._recurrent_options = self._options(o.backend, o.recompute, value, o.matmul_precision)
+
+    @property
+    def recurrent_matmul_precision(self) -> str:
+        """The ``triton`` backend's float32 matmul precision mode. Assignable."""
+        return self._recurrent_options.matmul_precision
+
+    @recurrent_matmul_precision.setter
+    def recurrent_matmul_precision(self, value: str) -> None:
+        o = self._recurrent_options
+        self._recurrent_options = self._options(o.backend, o.recompute, o.compute_dtype, value)
 
     def _check_backend_pair(self, backend: str, recompute: str) -> None:
         _check_auto_recompute(type(self).__name__, backend, recompute)
@@ -378,6 +416,7 @@ class RecurrentModule(TensorDictModuleBase):
             python_based=self.python_based,
             device=next(self.rnn.parameters()).device,
             proj_size=self._cfg.proj_size,
+            mode=self._mode,
         )
 
     @property
@@ -551,14 +590,14 @@ class RecurrentModule(TensorDictModuleBase):
         rnn = self.rnn
         if not self.python_based:
             return fused_runner(self._current_config(), rnn._flat_weights, self.training)
-        lstm = self._mode == "lstm"
+        several = self._cfg.kind.num_states > 1
 
         def run(x: Tensor, hx: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
             if not rnn.batch_first:
                 x = x.transpose(0, 1)
-            y, out = rnn(x, hx if lstm else hx[0])
+            y, out = rnn(x, hx if several else hx[0])
             y = y if rnn.batch_first else y.transpose(0, 1)
-            return y, (tuple(out) if lstm else (out,))
+            return y, (tuple(out) if several else (out,))
 
         return run
 
@@ -764,13 +803,10 @@ class RecurrentModule(TensorDictModuleBase):
             x.reshape(n, steps, x.shape[-1]),
             tuple(s.reshape(n, steps, *s.shape[-2:]) for s in states),
             is_init.reshape(n, steps),
-            backend=self.recurrent_backend,
+            options=self._recurrent_options,
             training=self.training,
-            recompute=self.recurrent_recompute,
             python_based=self.python_based,
             runner=self._runner() if self.python_based else None,
-            compute_dtype=self.recurrent_compute_dtype,
-            matmul_precision=self.recurrent_matmul_precision,
         )
         td.set(self.out_keys_source[0], y.reshape(*batch, y.shape[-1]))
         for key, s in zip(self.out_keys_source[1:], new_states, strict=True):

@@ -1,4 +1,4 @@
-"""Reset-aware unrolling of stacked LSTM/GRU layers over ``[N, T]`` batches.
+"""Reset-aware unrolling of stacked recurrent layers over ``[N, T]`` batches.
 
 Semantics shared by every backend (the recurrent-mode contract of recurrl):
 
@@ -8,22 +8,35 @@ Semantics shared by every backend (the recurrent-mode contract of recurrl):
 * the returned states are exact at every trajectory end (the step before a restart, and the
   last step) and zero at every other step, so all backends return identical tensors.
 
-Backends: ``"pad"`` (split at resets, torch's fused kernels), ``"scan"`` (time loop with
-``where``), ``"triton"`` (GPU kernel; see :func:`triton_unavailable_reason`) and ``"auto"``.
+Backends (:data:`RECURRENT_BACKEND_REGISTRY`): ``"pad"`` (split at resets, torch's fused
+kernels), ``"scan"`` (time loop with ``where``), ``"triton"`` (GPU kernel; see
+:func:`triton_unavailable_reason`), and ``"auto"``, which picks one. Cells
+(:mod:`~recurrl.functional.recurrent.cell`): ``"lstm"``, ``"gru"`` and any registered kind;
+each backend declares the kinds it runs and refuses the others by name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor
 
+from recurrl.functional.precision import validate_recurrent_matmul_precision
+from recurrl.functional.recurrent.cell import (
+    CELL_KINDS,
+    CellKind,
+    get_cell_kind,
+    register_cell_kind,
+)
 from recurrl.functional.recurrent.config import LayerWeights, RNNConfig
 from recurrl.functional.recurrent.pad import Runner, fused_runner, pad_unroll
 from recurrl.functional.recurrent.scan import scan_unroll
 from recurrl.functional.recurrent.step import recurrent_step
 from recurrl.functional.recurrent.triton import (
+    TRITON_CELLS,
     triton_config_error,
     triton_unavailable_reason,
     triton_unroll,
@@ -31,21 +44,163 @@ from recurrl.functional.recurrent.triton import (
 from recurrl.functional.sequences import trajectory_ends
 
 __all__ = [
+    "CELL_KINDS",
     "RECURRENT_BACKENDS",
+    "RECURRENT_BACKEND_REGISTRY",
     "RECURRENT_RECOMPUTE",
+    "CellKind",
     "LayerWeights",
     "RNNConfig",
+    "RecurrentBackend",
+    "RecurrentOptions",
     "Runner",
     "check_recurrent_options",
     "fused_runner",
+    "get_cell_kind",
     "recurrent_step",
     "recurrent_unroll",
+    "register_cell_kind",
+    "register_recurrent_backend",
     "resolve_backend",
     "triton_unavailable_reason",
 ]
 
-RECURRENT_BACKENDS = ("pad", "scan", "triton", "auto")
-RECURRENT_RECOMPUTE = ("none", "full")
+RecurrentBackendName = Literal["pad", "scan", "triton", "auto"]
+RecurrentRecompute = Literal["none", "full"]
+#: The built-in backend names (``"auto"`` picks one of the others).
+RECURRENT_BACKENDS: tuple[str, ...] = ("pad", "scan", "triton", "auto")
+RECURRENT_RECOMPUTE: tuple[str, ...] = ("none", "full")
+_COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class RecurrentOptions:
+    """How recurrent mode runs, validated once and forwarded unchanged by the modules.
+
+    Attributes:
+        backend: ``"pad"``, ``"scan"``, ``"triton"``, ``"auto"`` or a registered backend.
+        recompute: ``"none"``, or ``"full"`` (recompute activations in backward;
+            ``scan``/``triton``).
+        compute_dtype: for ``triton``, the dtype of the recurrent matmul's operands
+            (``torch.float32`` or ``torch.bfloat16``); other backends ignore it.
+        matmul_precision: for ``triton``, a :mod:`recurrl.functional.precision` mode for
+            float32 operands (stored as its string value); other backends ignore it.
+
+    Examples:
+        >>> RecurrentOptions("scan", "full").recompute
+        'full'
+        >>> RecurrentOptions("pad", "full")
+        Traceback (most recent call last):
+        ...
+        ValueError: recurrent_recompute='full' is not available with recurrent_backend='pad'...
+    """
+
+    backend: RecurrentBackendName | str = "pad"
+    recompute: RecurrentRecompute = "none"
+    compute_dtype: torch.dtype = torch.float32
+    matmul_precision: str = "auto"
+
+    def __post_init__(self) -> None:
+        names = (*RECURRENT_BACKEND_REGISTRY, "auto")
+        if self.backend not in names:
+            raise ValueError(f"recurrent_backend must be one of {names}, got {self.backend!r}.")
+        if self.recompute not in RECURRENT_RECOMPUTE:
+            raise ValueError(
+                f"recurrent_recompute must be one of {RECURRENT_RECOMPUTE}, got {self.recompute!r}."
+            )
+        backend = RECURRENT_BACKEND_REGISTRY.get(self.backend)
+        if backend is not None and self.recompute != "none" and not backend.recompute:
+            raise ValueError(
+                f"recurrent_recompute='full' is not available with recurrent_backend="
+                f"{self.backend!r}: {backend.no_recompute_reason} Use recurrent_backend='scan' "
+                f"with recompute, or recurrent_recompute='none'."
+            )
+        if self.compute_dtype not in _COMPUTE_DTYPES:
+            raise ValueError(
+                f"recurrent_compute_dtype must be one of {_COMPUTE_DTYPES}, got "
+                f"{self.compute_dtype!r}."
+            )
+        precision = validate_recurrent_matmul_precision(self.matmul_precision).value
+        object.__setattr__(self, "matmul_precision", precision)
+
+
+class UnrollFn(Protocol):
+    """``unroll(cfg, flat_weights, x, states, is_init, options, *, training, python_based,
+    runner) -> (y [N, T, O], states)``: one signature for every backend."""
+
+    def __call__(
+        self,
+        cfg: RNNConfig,
+        flat_weights: Sequence[Tensor],
+        x: Tensor,
+        states: tuple[Tensor, ...],
+        is_init: Tensor,
+        options: RecurrentOptions,
+        *,
+        training: bool,
+        python_based: bool,
+        runner: Runner | None,
+    ) -> tuple[Tensor, tuple[Tensor, ...]]: ...
+
+
+@dataclass(frozen=True)
+class RecurrentBackend:
+    """One entry of :data:`RECURRENT_BACKEND_REGISTRY`.
+
+    Attributes:
+        name: the ``recurrent_backend`` string.
+        unroll: the implementation (:class:`UnrollFn`).
+        refuses: ``refuses(kind, python_based) -> reason | None``: why the backend cannot run
+            a cell kind (checked when a module is built and at every call).
+        per_step_states: the unroll returns the state after every step;
+            :func:`recurrent_unroll` keeps the trajectory ends (zero elsewhere) once for all.
+        recompute: whether ``recompute="full"`` means something here.
+        no_recompute_reason: said when recompute is asked of a backend that cannot.
+        check: ``check(options, python_based, device, cfg) -> None``, extra checks raised at
+            construction (e.g. ``triton``'s availability), or ``None``.
+    """
+
+    name: str
+    unroll: UnrollFn
+    refuses: Callable[[CellKind, bool], str | None]
+    per_step_states: bool = True
+    recompute: bool = True
+    no_recompute_reason: str = ""
+    check: Callable[..., None] | None = None
+
+
+#: Every backend by name; ``"auto"`` is resolved by :func:`resolve_backend` before lookup.
+RECURRENT_BACKEND_REGISTRY: dict[str, RecurrentBackend] = {}
+
+
+def register_recurrent_backend(
+    backend: RecurrentBackend, *, replace: bool = False
+) -> RecurrentBackend:
+    """Make ``backend`` selectable as ``recurrent_backend=backend.name``; returns it."""
+    if backend.name == "auto":
+        raise ValueError("'auto' is not a backend but the choice of one; pick another name.")
+    if backend.name in RECURRENT_BACKEND_REGISTRY and not replace:
+        raise ValueError(
+            f"recurrent backend {backend.name!r} is already registered. Pick another name, "
+            f"or pass replace=True."
+        )
+    RECURRENT_BACKEND_REGISTRY[backend.name] = backend
+    return backend
+
+
+def _refusal(backend: RecurrentBackend, kind: CellKind, python_based: bool) -> str | None:
+    reason = backend.refuses(kind, python_based)
+    if reason is None:
+        return None
+    runs = [
+        name
+        for name, other in RECURRENT_BACKEND_REGISTRY.items()
+        if other.refuses(kind, python_based) is None
+    ]
+    return (
+        f"recurrent_backend={backend.name!r} does not run the {kind.name!r} cell: {reason} "
+        f"Backends that do: {runs}."
+    )
 
 
 def check_recurrent_options(
@@ -55,9 +210,12 @@ def check_recurrent_options(
     python_based: bool,
     device: torch.device | str | None = None,
     proj_size: int = 0,
+    mode: str | None = None,
 ) -> None:
     """Validate a backend configuration, raising ``ValueError`` (or ``ImportError``/
     ``RuntimeError`` for an unusable ``"triton"``) with what to change.
+
+    ``mode`` (the cell kind, e.g. ``"gru"``) is checked against what the backend runs.
 
     Examples:
         >>> check_recurrent_options("scan", "full", python_based=False)
@@ -66,30 +224,17 @@ def check_recurrent_options(
         ...
         ValueError: recurrent_recompute='full' is not available with recurrent_backend='pad'...
     """
-    if backend not in RECURRENT_BACKENDS:
-        raise ValueError(f"recurrent_backend must be one of {RECURRENT_BACKENDS}, got {backend!r}.")
-    if recompute not in RECURRENT_RECOMPUTE:
-        raise ValueError(
-            f"recurrent_recompute must be one of {RECURRENT_RECOMPUTE}, got {recompute!r}."
-        )
-    if backend == "pad" and recompute != "none":
-        raise ValueError(
-            "recurrent_recompute='full' is not available with recurrent_backend='pad': the "
-            "fused torch kernels manage their own backward memory. Use "
-            "recurrent_backend='scan' with recompute, or recurrent_recompute='none'."
-        )
-    if backend == "triton":
-        if python_based:
-            raise ValueError(
-                "python_based=True cannot be honoured with recurrent_backend='triton' (a fused "
-                "GPU kernel). Use recurrent_backend='scan' for a python-native recurrent mode."
-            )
-        if proj_size:
-            raise ValueError(triton_config_error(proj_size))
-        reason = triton_unavailable_reason(device)
+    options = RecurrentOptions(backend, recompute)  # type: ignore[arg-type]
+    kind = get_cell_kind(mode) if mode is not None else None
+    entry = RECURRENT_BACKEND_REGISTRY.get(backend)
+    if entry is None:  # "auto": scan runs every kind, so only the python_based rule applies
+        return
+    if kind is not None:
+        reason = _refusal(entry, kind, python_based)
         if reason is not None:
-            error = ImportError if "not installed" in reason else RuntimeError
-            raise error(reason)
+            raise ValueError(reason)
+    if entry.check is not None:
+        entry.check(options, python_based=python_based, device=device, proj_size=proj_size)
 
 
 def resolve_backend(backend: str, x: Tensor, *, python_based: bool, mode: str = "lstm") -> str:
@@ -99,7 +244,8 @@ def resolve_backend(backend: str, x: Tensor, *, python_based: bool, mode: str = 
     (it is the only backend without data-dependent shapes), ``pad`` on CUDA (cuDNN) and for
     the LSTM on CPU (oneDNN's fused LSTM on a few merged time windows), and ``scan`` for the GRU on
     CPU, where torch's GRU kernel pays a large fixed cost per time step that the fused scan
-    loop avoids. The figures behind these choices are in ``benchmarks/README.md``.
+    loop avoids. A cell without a fused sequence operator always gets ``scan``. The figures
+    behind these choices are in ``benchmarks/README.md``.
     ``auto`` never picks ``triton``: its kernel has not been timed against cuDNN yet
     (``benchmarks/triton_gpu.py``), so it is used only when asked for by name.
 
@@ -114,6 +260,8 @@ def resolve_backend(backend: str, x: Tensor, *, python_based: bool, mode: str = 
         return backend
     if python_based or torch.compiler.is_compiling() or torch._C._functorch.is_batchedtensor(x):
         return "scan"
+    if not get_cell_kind(mode).has_fused_sequence:
+        return "scan"
     if x.device.type == "cuda" or mode == "lstm":
         return "pad"
     return "scan"
@@ -126,26 +274,30 @@ def recurrent_unroll(
     states: tuple[Tensor, ...],
     is_init: Tensor,
     *,
-    backend: str = "pad",
+    options: RecurrentOptions | None = None,
+    backend: str | None = None,
     training: bool = False,
-    recompute: str = "none",
+    recompute: str | None = None,
     python_based: bool = False,
     runner: Runner | None = None,
-    compute_dtype: torch.dtype = torch.float32,
-    matmul_precision: str = "auto",
+    compute_dtype: torch.dtype | None = None,
+    matmul_precision: str | None = None,
 ) -> tuple[Tensor, tuple[Tensor, ...]]:
-    """Run a stacked LSTM/GRU over ``[N, T]`` sequences with resets.
+    """Run a stacked recurrent network over ``[N, T]`` sequences with resets.
 
     Args:
-        cfg: the network description.
+        cfg: the network description (its ``mode`` names the cell kind).
         flat_weights: parameters in ``torch.nn.LSTM._flat_weights`` order.
         x: ``[N, T, F]`` inputs.
         states: stored states, each ``[N, T, L, S]`` (``(h, c)`` for the LSTM, ``(h,)`` for
             the GRU).
         is_init: ``[N, T]`` bool restart flags.
-        backend: one of :data:`RECURRENT_BACKENDS`.
+        options: a :class:`RecurrentOptions` (backend, recompute, compute dtype, matmul
+            precision). The separate keywords below are the same settings, for calls that
+            do not build one; give one or the other.
+        backend: one of :data:`RECURRENT_BACKENDS` (default ``"pad"``).
         training: enables inter-layer dropout.
-        recompute: ``"none"`` or ``"full"`` (recompute activations in backward).
+        recompute: ``"none"`` (default) or ``"full"`` (recompute activations in backward).
         python_based: use only python-native torch ops (no fused torch RNN kernels).
         runner: for ``pad``, the multi-layer call to run on the pieces (defaults to torch's
             fused kernels through :func:`fused_runner`).
@@ -169,57 +321,30 @@ def recurrent_unroll(
         >>> torch.allclose(y, lstm(x)[0], atol=1e-6)
         True
     """
-    name = resolve_backend(backend, x, python_based=python_based, mode=cfg.mode)
-    if name == "pad":
-        if recompute != "none":
-            raise ValueError(
-                f"recurrent_unroll(backend={backend!r}, recompute={recompute!r}): the backend "
-                f"runs as 'pad' here, whose fused kernels cannot recompute. Use "
-                f"backend='scan' with recompute, or recompute='none'."
-            )
-        if python_based and runner is None:
-            raise ValueError(
-                "recurrent_unroll(backend='pad', python_based=True) needs runner= (a call of "
-                "the python-native network on the pieces); without it the pad backend would "
-                "run torch's fused kernels. Pass runner=..., or use backend='scan'."
-            )
-        fused = runner is None
-        run = runner if not fused else fused_runner(cfg, flat_weights, training)
-        return pad_unroll(
-            cfg,
-            x,
-            states,
-            is_init,
-            run,
-            fused_weights=flat_weights if fused else None,
-            training=training,
+    separate = {
+        "backend": backend, "recompute": recompute, "compute_dtype": compute_dtype,
+        "matmul_precision": matmul_precision,
+    }  # fmt: skip
+    given = {k: v for k, v in separate.items() if v is not None}
+    if options is None:
+        options = RecurrentOptions(**given) if given else _DEFAULT_OPTIONS
+    elif given:
+        raise TypeError(
+            f"recurrent_unroll: pass the settings either as options=RecurrentOptions(...) or "
+            f"as keywords, not both (received options= and {sorted(given)})."
         )
-    if name == "scan":
-        y, new_states = scan_unroll(
-            cfg,
-            flat_weights,
-            x,
-            states,
-            is_init,
-            training=training,
-            recompute=recompute == "full",
-            python_based=python_based,
-        )
-        return y, _at_ends(new_states, is_init)
-    if name == "triton":
-        y, new_states = triton_unroll(
-            cfg,
-            flat_weights,
-            x,
-            states,
-            is_init,
-            training=training,
-            recompute=recompute == "full",
-            compute_dtype=compute_dtype,
-            matmul_precision=matmul_precision,
-        )
-        return y, _at_ends(new_states, is_init)
-    raise ValueError(f"recurrent backend must be one of {RECURRENT_BACKENDS}, got {name!r}.")
+    name = resolve_backend(options.backend, x, python_based=python_based, mode=cfg.mode)
+    entry = RECURRENT_BACKEND_REGISTRY[name]
+    reason = _refusal(entry, cfg.kind, python_based)
+    if reason is not None:
+        raise ValueError(reason)
+    y, new_states = entry.unroll(
+        cfg, flat_weights, x, states, is_init, options,
+        training=training, python_based=python_based, runner=runner,
+    )  # fmt: skip
+    if entry.per_step_states:
+        new_states = _at_ends(new_states, is_init)
+    return y, new_states
 
 
 def _at_ends(states: tuple[Tensor, ...], is_init: Tensor) -> tuple[Tensor, ...]:
@@ -230,3 +355,79 @@ def _at_ends(states: tuple[Tensor, ...], is_init: Tensor) -> tuple[Tensor, ...]:
     """
     not_end = ~trajectory_ends(is_init)[..., None, None]
     return tuple(s.masked_fill(not_end, 0.0) for s in states)
+
+
+# ---------------------------------------------------------------------- built-in backends
+def _pad(cfg, flat_weights, x, states, is_init, options, *, training, python_based, runner):
+    if options.recompute != "none":
+        raise ValueError(
+            f"recurrent_unroll(backend={options.backend!r}, recompute={options.recompute!r}): "
+            f"the backend runs as 'pad' here, whose fused kernels cannot recompute. Use "
+            f"backend='scan' with recompute, or recompute='none'."
+        )
+    if python_based and runner is None:
+        raise ValueError(
+            "recurrent_unroll(backend='pad', python_based=True) needs runner= (a call of "
+            "the python-native network on the pieces); without it the pad backend would "
+            "run torch's fused kernels. Pass runner=..., or use backend='scan'."
+        )
+    fused = runner is None
+    run = runner if not fused else fused_runner(cfg, flat_weights, training)
+    return pad_unroll(
+        cfg, x, states, is_init, run, fused_weights=flat_weights if fused else None,
+        training=training,
+    )  # fmt: skip
+
+
+def _pad_refuses(kind: CellKind, python_based: bool) -> str | None:
+    if python_based or kind.has_fused_sequence:
+        return None
+    return "it runs torch's fused sequence operator, which this cell has none of."
+
+
+def _scan(cfg, flat_weights, x, states, is_init, options, *, training, python_based, runner):
+    return scan_unroll(
+        cfg, flat_weights, x, states, is_init, training=training,
+        recompute=options.recompute == "full", python_based=python_based,
+    )  # fmt: skip
+
+
+def _triton(cfg, flat_weights, x, states, is_init, options, *, training, python_based, runner):
+    return triton_unroll(
+        cfg, flat_weights, x, states, is_init, training=training,
+        recompute=options.recompute == "full", compute_dtype=options.compute_dtype,
+        matmul_precision=options.matmul_precision,
+    )  # fmt: skip
+
+
+def _triton_refuses(kind: CellKind, python_based: bool) -> str | None:
+    if kind.name in TRITON_CELLS:
+        return None
+    return f"its GPU kernels are written for {sorted(TRITON_CELLS)} only."
+
+
+def _triton_check(options, *, python_based, device, proj_size) -> None:
+    if python_based:
+        raise ValueError(
+            "python_based=True cannot be honoured with recurrent_backend='triton' (a fused "
+            "GPU kernel). Use recurrent_backend='scan' for a python-native recurrent mode."
+        )
+    if proj_size:
+        raise ValueError(triton_config_error(proj_size))
+    reason = triton_unavailable_reason(device)
+    if reason is not None:
+        error = ImportError if "not installed" in reason else RuntimeError
+        raise error(reason)
+
+
+register_recurrent_backend(
+    RecurrentBackend(
+        "pad", _pad, _pad_refuses, per_step_states=False, recompute=False,
+        no_recompute_reason="the fused torch kernels manage their own backward memory.",
+    )
+)  # fmt: skip
+register_recurrent_backend(RecurrentBackend("scan", _scan, lambda kind, python_based: None))
+register_recurrent_backend(
+    RecurrentBackend("triton", _triton, _triton_refuses, check=_triton_check)
+)
+_DEFAULT_OPTIONS = RecurrentOptions()

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from recurrl.functional.recurrent.cell import CellKind, get_cell_kind
 
 __all__ = ["LayerWeights", "RNNConfig", "drive_layers"]
 
@@ -28,7 +30,8 @@ class RNNConfig:
     """What a stacked recurrent network is, independently of the weights' container.
 
     Attributes:
-        mode: ``"lstm"`` or ``"gru"``.
+        mode: a registered cell kind (:mod:`~recurrl.functional.recurrent.cell`):
+            ``"lstm"``, ``"gru"``, or one added with ``register_cell_kind``.
         input_size: features of the input ``F``.
         hidden_size: features of the hidden state ``H``.
         num_layers: stacked layers ``L``.
@@ -37,7 +40,7 @@ class RNNConfig:
         proj_size: LSTM output projection size ``P`` (0 for none).
     """
 
-    mode: Literal["lstm", "gru"]
+    mode: str
     input_size: int
     hidden_size: int
     num_layers: int = 1
@@ -45,10 +48,24 @@ class RNNConfig:
     dropout: float = 0.0
     proj_size: int = 0
 
+    def __post_init__(self) -> None:
+        kind = get_cell_kind(self.mode)  # ValueError naming the registered kinds
+        if self.proj_size and not kind.supports_proj:
+            raise ValueError(
+                f"RNNConfig: proj_size={self.proj_size} is not available for the "
+                f"{self.mode!r} cell (only cells with an output projection take it, e.g. "
+                f"'lstm'). Fix: proj_size=0."
+            )
+
+    @property
+    def kind(self) -> CellKind:
+        """The registered :class:`~recurrl.functional.recurrent.cell.CellKind` of ``mode``."""
+        return get_cell_kind(self.mode)
+
     @property
     def gates(self) -> int:
-        """Number of gates: 4 for the LSTM, 3 for the GRU."""
-        return 4 if self.mode == "lstm" else 3
+        """Number of gate blocks ``G``: 4 for the LSTM, 3 for the GRU."""
+        return self.kind.gates
 
     @property
     def output_size(self) -> int:
@@ -58,9 +75,7 @@ class RNNConfig:
     @property
     def state_sizes(self) -> tuple[int, ...]:
         """Feature size of each state tensor: ``(P or H, H)`` for the LSTM, ``(H,)`` for the GRU."""
-        if self.mode == "lstm":
-            return (self.output_size, self.hidden_size)
-        return (self.hidden_size,)
+        return self.kind.state_sizes(self)
 
     @property
     def params_per_layer(self) -> int:

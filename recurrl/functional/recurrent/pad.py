@@ -47,27 +47,26 @@ Runner = Callable[[Tensor, tuple[Tensor, ...]], tuple[Tensor, tuple[Tensor, ...]
 
 
 def fused_runner(cfg: RNNConfig, flat_weights: Sequence[Tensor], training: bool) -> Runner:
-    """A runner over torch's fused multi-layer LSTM/GRU operators (batch-first)."""
+    """A runner over torch's fused multi-layer operator of the cell kind (batch-first).
+
+    Raises ``ValueError`` for a kind without one (``CellKind.fused_sequence``).
+    """
+    kind = cfg.kind
+    if not kind.has_fused_sequence:
+        raise ValueError(
+            f"recurrent_backend='pad' needs a fused sequence operator for the {cfg.mode!r} "
+            f"cell, which has none (CellKind.fused_sequence). Use recurrent_backend='scan', "
+            f"or pass runner= (a python-native network run on the pieces)."
+        )
     weights = list(flat_weights)
     dropout = cfg.dropout if training else 0.0
 
-    if cfg.mode == "lstm":
-
-        def run_lstm(x: Tensor, hx: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
-            y, h, c = torch.lstm(
-                x, hx, weights, cfg.bias, cfg.num_layers, dropout, training, False, True
-            )
-            return y, (h, c)
-
-        return run_lstm
-
-    def run_gru(x: Tensor, hx: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
-        y, h = torch.gru(
-            x, hx[0], weights, cfg.bias, cfg.num_layers, dropout, training, False, True
+    def run(x: Tensor, hx: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
+        return kind.fused_sequence(
+            cfg, weights, x, hx, dropout=dropout, training=training, batch_first=True
         )
-        return y, (h,)
 
-    return run_gru
+    return run
 
 
 def pad_unroll(
@@ -98,7 +97,7 @@ def pad_unroll(
         return y, last
 
     pieces = pieces_from_starts(starts, x.device)
-    if fused_weights is not None:
+    if fused_weights is not None and cfg.kind.pad is not None:
         windows = frozen_plan(cfg, pieces.lengths)
         if flush_cost(cfg, starts) < windows.cost:
             restarts = seg_start[seg_start % steps != 0]

@@ -75,12 +75,17 @@ from recurrl.functional.recurrent.onednn_cells import (
     lstm_layer,
     read_cells,
 )
-from recurrl.functional.recurrent.pad_frozen import (
+from recurrl.functional.recurrent.pad_costs import (
+    SUBSET_ROWS,
     fresh_memory_cost,
+    kernel_costs,
+    pad_costs,
+)
+from recurrl.functional.recurrent.pad_frozen import (
     gather_rows,
     h_bound,
-    kernel_costs,
     layer_params,
+    saturating_column,
     stack_layers,
 )
 from recurrl.functional.sequences import host_starts
@@ -97,14 +102,6 @@ __all__ = [
 
 _NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)
 _MARGIN = 800.0  # exp(800) overflows float64 (and float32): sigmoid(-s) == 0.0 exactly
-#: Work besides the fused call, in row-steps per real (row, step), measured (forward+backward,
-#: 1 thread): the gathers, and for the LSTM the recomputation of ``c`` (a matmul of 3/4 of the
-#: forward's, one sigmoid, the recurrence).
-_EXTRA_COST = {"lstm": 0.5, "gru": 0.4}
-#: The rebuild of the LSTM's ``c`` takes only the rows that need it (an index_select of the
-#: grid's inputs and outputs instead of a matmul on every row) where they are at most this
-#: share of the rows.
-_SUBSET_ROWS = 0.75
 
 
 def flush_check(
@@ -326,7 +323,7 @@ def flush_plan(
     inner = end_pos[~is_last]
     prefix = int(inner.max()) + 1 if len(inner) else 0
     c_rows = np.unique(prow[~is_last])
-    if len(c_rows) <= _SUBSET_ROWS * n:  # the rebuild of c runs on these rows alone
+    if len(c_rows) <= SUBSET_ROWS * n:  # the rebuild of c runs on these rows alone
         rank = np.zeros(n, dtype=np.int64)
         rank[c_rows] = np.arange(len(c_rows))
         end_c = np.where(is_last, prefix * len(c_rows) + prow, end_pos * len(c_rows) + rank[prow])
@@ -380,7 +377,7 @@ def flush_cost(cfg: RNNConfig, starts: Tensor | np.ndarray) -> float:
     n, steps = starts.shape
     width = packed_width(starts)
     call, step = kernel_costs(cfg)
-    cost = call + width * (step + n) + _EXTRA_COST[cfg.mode] * n * steps
+    cost = call + width * (step + n) + pad_costs(cfg).flush_extra * n * steps
     return cost + fresh_memory_cost(cfg, width * n)
 
 
@@ -421,23 +418,14 @@ def _flag_columns(
     The GRU's ``-b_in`` entry stays attached to ``bias_ih``: on a flush step the bias and the
     flag cancel in value, and so their gradients must cancel too.
     """
-    hid = cfg.hidden_size
-    with torch.no_grad():
-        reach = w.weight_hh.abs().sum(1) * h_max
-        if cfg.bias:
-            reach = reach + (w.bias_ih + w.bias_hh).abs()
-        if not isinstance(in_max, float) or in_max:
-            reach = reach + w.weight_ih.abs().sum(1) * in_max
-        s = (reach[: 2 * hid].max() + _MARGIN).clamp(max=1e30)
-        column = torch.zeros_like(reach)
-        column[: 2 * hid] = -s  # LSTM: i and f; GRU: r and z
-    if cfg.mode == "lstm":
-        with torch.no_grad():
-            freeze = column.clone()
-            freeze[hid : 2 * hid] = s  # f == 1.0: c carried
+    gates = cfg.kind.pad
+    column = saturating_column(cfg, w, gates.flush, h_max, _MARGIN, in_max)
+    if gates.cell_state:
+        freeze = saturating_column(cfg, w, gates.freeze, h_max, _MARGIN, in_max)
         return torch.stack([column, freeze], dim=1)
-    if cfg.bias:
-        column = torch.cat([column[: 2 * hid], -w.bias_ih[2 * hid :]])
+    if cfg.bias and gates.flush_cancels_candidate_bias:
+        hid = cfg.hidden_size
+        column = torch.cat([column[: (cfg.gates - 1) * hid], -w.bias_ih[(cfg.gates - 1) * hid :]])
     return column.unsqueeze(1)
 
 
@@ -549,7 +537,8 @@ def flush_unroll(
     if plan is None:
         plan = flush_plan(is_init, free=flush_check(states, is_init))
     cells = plan.width * n
-    lstm = cfg.mode == "lstm"
+    kind = cfg.kind
+    lstm = kind.pad.cell_state
     # 1 on every grid step that is not a real step: LSTM, flush and freeze columns; GRU, one
     flags = plan.flags if lstm else plan.flags.sum(1, keepdim=True)
     flags = flags.to(x.dtype)
@@ -580,8 +569,10 @@ def flush_unroll(
             y_grid, c_ends = _lstm_with_cells(cfg, w, params, grid, h0, c0, plan, training)
             ends[1].append(c_ends)
         else:
-            y_grid = torch.gru(grid, h0.unsqueeze(0), params, cfg.bias, 1, 0.0, training, False,
-                               False)[0]  # fmt: skip
+            y_grid = kind.fused_sequence(
+                cfg, params, grid, (h0.unsqueeze(0),), dropout=0.0, training=training,
+                batch_first=False, num_layers=1,
+            )[0]  # fmt: skip
         y_flat = y_grid.view(cells, -1)
         ends[0].append(gather_rows(y_flat, plan.end_grid))
         y = layer_in = gather_rows(y_flat, plan.real).view(n, steps, -1)

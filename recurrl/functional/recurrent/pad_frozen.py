@@ -44,6 +44,12 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from recurrl.functional.recurrent.config import LayerWeights, RNNConfig
+from recurrl.functional.recurrent.pad_costs import (
+    REORDER_COST,
+    fresh_memory_cost,
+    kernel_costs,
+    pad_costs,
+)
 from recurrl.functional.sequences import Pieces
 
 __all__ = [
@@ -56,31 +62,12 @@ __all__ = [
     "kernel_costs",
     "layer_params",
     "plan_windows",
+    "saturating_column",
     "stack_layers",
     "stagger",
 ]
 
 _MARGIN = 30.0  # sigmoid(30) rounds to 1.0 in float32; sigmoid(-30) < 1e-13
-#: The gathers and scatters around the calls, in row-steps per real (row, step): measured
-#: (forward+backward, 1 thread) as the gap between the plans' estimates and their times.
-_GATHER_COST = {"lstm": 0.3, "gru": 1.0}
-#: Assembling one window's start states when pieces start inside the grid (a concatenation
-#: and a gather per state, forward and backward), in row-steps.
-_REORDER_COST = 16.0
-
-
-def kernel_costs(cfg: RNNConfig) -> tuple[float, float]:
-    """``(call_cost, step_cost)`` of torch's CPU kernel in units of one (row, step).
-
-    Measured on 2 CPU cores, forward+backward: oneDNN's LSTM costs ~0.6 ms per call and
-    ~3.7 us per row-step at H = 64 (~15 us at H = 256), nearly nothing per time step;
-    torch's GRU costs ~0.25-0.5 ms per time step whatever the rows and ~2.6-7 us per
-    row-step at H = 64. The plans are flat around these values.
-    """
-    hid = cfg.hidden_size
-    if cfg.mode == "lstm":
-        return max(16.0, 12000.0 / hid), 0.5
-    return max(4.0, 8000.0 / hid), max(4.0, 4800.0 / hid)
 
 
 def plan_windows(
@@ -190,28 +177,6 @@ def stagger(lengths: Sequence[int], bounds: Sequence[int]) -> tuple[np.ndarray, 
     return first, np.cumsum(rows)[:-1].tolist()
 
 
-#: oneDNN's LSTM workspace takes about 64 bytes per (row, step, hidden unit), in one buffer;
-#: glibc's malloc maps a buffer above 32 MiB fresh from the system at every call, and its
-#: page faults cost ~25% more per (row, step) (measured at H = 64, 128, 256).
-_FRESH_BYTES = 32 * 2**20
-_FRESH_COST = 0.25
-
-
-def fresh_memory_cost(cfg: RNNConfig, row_steps: int) -> float:
-    """Extra cost, in row-steps, of one fused LSTM call on ``row_steps`` (row, step) pairs.
-
-    Examples:
-        >>> from recurrl.functional.recurrent.config import RNNConfig
-        >>> fresh_memory_cost(RNNConfig("lstm", 3, 256), 2048)
-        0.0
-        >>> fresh_memory_cost(RNNConfig("lstm", 3, 256), 2112)
-        528.0
-    """
-    if cfg.mode == "lstm" and row_steps * cfg.hidden_size * 64 > _FRESH_BYTES:
-        return _FRESH_COST * row_steps
-    return 0.0
-
-
 def _window_cost(cfg: RNNConfig, call: float, step: float, width: int, rows: int) -> float:
     return call + width * (step + rows) + fresh_memory_cost(cfg, width * rows)
 
@@ -235,38 +200,54 @@ def frozen_plan(cfg: RNNConfig, lengths: Sequence[int]) -> FrozenPlan:
     call, step = kernel_costs(cfg)
     windows = plan_windows(lengths, call, step)
     cost = sum(_window_cost(cfg, call, step, t1 - t0, rows) for t0, t1, rows in windows)
-    gathers = _GATHER_COST[cfg.mode] * sum(lengths)
+    gathers = pad_costs(cfg).gather * sum(lengths)
     first_window = None
-    if cfg.mode == "lstm" and len(windows) > 1:
+    if cfg.kind.pad.stagger and len(windows) > 1:
         bounds = [0, *(t1 for _, t1, _ in windows)]
         first, rows = stagger(lengths, bounds)
         staggered = sum(
             _window_cost(cfg, call, step, t1 - t0, r)
             for (t0, t1, _), r in zip(windows, rows, strict=True)
         )
-        staggered += _REORDER_COST * cfg.num_layers * len(cfg.state_sizes) * len(windows)
+        staggered += REORDER_COST * cfg.num_layers * len(cfg.state_sizes) * len(windows)
         if staggered < cost:
             windows = [(t0, t1, r) for (t0, t1, _), r in zip(windows, rows, strict=True)]
             first_window = first
     return FrozenPlan(windows, first_window, cost + gathers)
 
 
-def _freeze_column(cfg: RNNConfig, w: LayerWeights, h_max: Tensor | float) -> Tensor:
-    """Weights ``[G*H, 1]`` of the padding flag (see the module docstring; no host sync)."""
+def saturating_column(
+    cfg: RNNConfig,
+    w: LayerWeights,
+    signs: dict[int, int],
+    h_max: Tensor | float,
+    margin: float,
+    in_max: Tensor | float = 0.0,
+) -> Tensor:
+    """A flag column ``[G*H]``: ``sign * s`` on the gate blocks in ``signs``, 0 elsewhere.
+
+    ``s`` is the largest pre-activation those blocks can reach from everything else (the
+    recurrent input bounded by ``h_max``, the biases, the layer input bounded by ``in_max``)
+    plus ``margin``, clamped to 1e30. No host sync.
+    """
+    hid = cfg.hidden_size
     with torch.no_grad():
         reach = w.weight_hh.abs().sum(1) * h_max
         if cfg.bias:
             reach = reach + (w.bias_ih + w.bias_hh).abs()
-        hid = cfg.hidden_size
+        if not isinstance(in_max, float) or in_max:
+            reach = reach + w.weight_ih.abs().sum(1) * in_max
+        blocks = torch.cat([reach[g * hid : (g + 1) * hid] for g in sorted(signs)])
+        s = (blocks.max() + margin).clamp(max=1e30)
         column = torch.zeros_like(reach)
-        if cfg.mode == "lstm":
-            s = (reach[: 2 * hid].max() + _MARGIN).clamp(max=1e30)
-            column[:hid] = -s
-            column[hid : 2 * hid] = s
-        else:
-            s = (reach[hid : 2 * hid].max() + _MARGIN).clamp(max=1e30)
-            column[hid : 2 * hid] = s
-    return column.unsqueeze(1)
+        for g, sign in signs.items():
+            column[g * hid : (g + 1) * hid] = sign * s
+    return column
+
+
+def _freeze_column(cfg: RNNConfig, w: LayerWeights, h_max: Tensor | float) -> Tensor:
+    """Weights ``[G*H, 1]`` of the padding flag (see the module docstring; no host sync)."""
+    return saturating_column(cfg, w, cfg.kind.pad.freeze, h_max, _MARGIN).unsqueeze(1)
 
 
 def layer_params(cfg: RNNConfig, w: LayerWeights, column: Tensor) -> list[Tensor]:
@@ -280,16 +261,9 @@ def layer_params(cfg: RNNConfig, w: LayerWeights, column: Tensor) -> list[Tensor
 
 
 def h_bound(cfg: RNNConfig, w: LayerWeights, h0: Tensor) -> Tensor | float:
-    """A bound on ``|h|`` over a layer's run from the start states ``h0`` (no host sync)."""
-    if cfg.mode == "lstm":  # h = o * tanh(c), then projected
-        return w.weight_hr.abs().sum(1).max() if cfg.proj_size else 1.0
-    # a GRU state is a convex combination of candidates in [-1, 1] and its start state
-    if not h0.numel():
-        return 1.0
-    # A NaN start state (its own row's business) must not make the flag column NaN: every
-    # row multiplies that column by 0 on its real steps, and 0 * NaN = NaN. A non-finite
-    # bound becomes 1e30, which the columns clamp to anyway; a finite one is left as is.
-    return h0.detach().abs().amax().clamp(min=1.0).nan_to_num(nan=1e30, posinf=1e30)
+    """A bound on ``|h|`` over a layer's run from the start states ``h0`` (no host sync):
+    the cell kind's :meth:`~recurrl.functional.recurrent.cell.CellKind.h_bound`."""
+    return cfg.kind.h_bound(cfg, w, h0)
 
 
 class _Rows(torch.autograd.Function):
@@ -456,10 +430,11 @@ def frozen_unroll(
     n_pieces = len(pieces.lengths)
     if plan is None:
         plan = frozen_plan(cfg, pieces.lengths)
-    lstm = cfg.mode == "lstm"
+    kind = cfg.kind
+    time_major = kind.pad.time_major
     # each window is time-major for the LSTM (oneDNN's own layout: its outputs need no copy)
     # and batch-first for the GRU (torch's own time loop, whose rounding depends on it)
-    grid = _grid(plan, pieces, total, lstm, device, x.dtype)
+    grid = _grid(plan, pieces, total, time_major, device, x.dtype)
     sizes = [width * rows for width, rows in grid.shapes]
     base = sum(sizes)
 
@@ -481,22 +456,22 @@ def frozen_unroll(
         hx: list[Tensor] = stored
         for k, (xw, (width, rows)) in enumerate(zip(inputs, grid.shapes, strict=True)):
             hx = _start_states(grid, k, hx, stored, n_pieces)
-            if lstm:
-                xw = xw.view(width, rows, -1)
-                yw, *hx = torch.lstm(xw, hx, params, cfg.bias, 1, 0.0, training, False, False)
+            xw = xw.view(width, rows, -1) if time_major else xw.view(rows, width, -1)
+            yw, hx = kind.fused_sequence(
+                cfg, params, xw, tuple(hx), dropout=0.0, training=training,
+                batch_first=not time_major, num_layers=1,
+            )  # fmt: skip
+            hx = list(hx)
+            if len(hx) > 1:  # states beyond h, exact at the window's end: those ending there
                 a, b = grid.ended[k]
-                c_final.append(hx[1][:, a:b])
-            else:
-                xw = xw.view(rows, width, -1)
-                yw, hn = torch.gru(xw, hx[0], params, cfg.bias, 1, 0.0, training, False, True)
-                hx = [hn]
+                c_final.append([h[:, a:b] for h in hx[1:]])
             outs.append(yw.reshape(-1, yw.shape[-1]))
         outs = torch.cat(outs)
         out = gather_rows(outs, grid.out_index)  # every step
         finals[0].append(gather_rows(outs, grid.end_index))  # each piece's last step
-        if lstm:
-            c_ends = torch.cat(c_final, dim=1)[0]
-            finals[1].append(c_ends.index_select(0, grid.final_order))
+        for j in range(1, len(states)):
+            c_ends = torch.cat([f[j - 1] for f in c_final], dim=1)[0]
+            finals[j].append(c_ends.index_select(0, grid.final_order))
         layer_in = out
         if training and cfg.dropout and layer < cfg.num_layers - 1:
             layer_in = F.dropout(layer_in, cfg.dropout, training=True)

@@ -10,8 +10,10 @@ Two implementations compute the same numbers:
   whose forward writes into preallocated buffers and whose backward is written by hand.
   Per step it issues ~9 kernels forward and ~7 backward, and the parameter gradient of the
   recurrent weight is one matmul over all steps. This is the fast eager path on CPU.
-* a plain autograd loop over the cell functions, used under ``torch.vmap``/``torch.compile``,
-  for the LSTM projection (``proj_size > 0``) and for ``python_based`` modules.
+* a plain autograd loop over the cell kind's ``step_projected``, used under
+  ``torch.vmap``/``torch.compile``, for the LSTM projection (``proj_size > 0``), for
+  ``python_based`` modules and for every registered cell without a fused loop
+  (:data:`FUSED_SCANS`).
 
 ``recompute="full"`` keeps only the loop inputs for backward: the fused path replays its
 forward inside backward, the autograd loop runs under activation checkpointing.
@@ -22,15 +24,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from recurrl.functional.cells import gru_cell_from_projection, lstm_cell_from_projection
 from recurrl.functional.recurrent.config import LayerWeights, RNNConfig, drive_layers
 from recurrl.functional.sequences import segment_starts
 
-__all__ = ["scan_unroll"]
+__all__ = ["FUSED_SCANS", "scan_unroll"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -239,6 +239,7 @@ def _autograd_layer(
     cfg: RNNConfig, lw: LayerWeights, xp: Tensor, stored: tuple[Tensor, ...], reset: Tensor
 ) -> tuple[Tensor, ...]:
     """Time-major loop with autograd; returns the per-step states, each ``[T, N, S]``."""
+    kind = cfg.kind
     carry = tuple(s[0] for s in stored)
     per_step: list[tuple[Tensor, ...]] = []
     for t in range(xp.shape[0]):
@@ -246,23 +247,29 @@ def _autograd_layer(
             carry = tuple(
                 torch.where(reset[t], s[t], c) for s, c in zip(stored, carry, strict=True)
             )
-        if cfg.mode == "lstm":
-            carry = lstm_cell_from_projection(xp[t], carry[0], carry[1], lw.weight_hh, lw.weight_hr)
-        else:
-            carry = (gru_cell_from_projection(xp[t], carry[0], lw.weight_hh, lw.bias_hh),)
+        carry = tuple(kind.step_projected(cfg, lw, xp[t], carry))
         per_step.append(carry)
     return tuple(torch.stack(s) for s in zip(*per_step, strict=True))
 
 
-def _input_projection(cfg: RNNConfig, lw: LayerWeights, x: Tensor) -> Tensor:
-    bias = lw.bias_ih
-    if cfg.mode == "lstm" and bias is not None:
-        bias = bias + lw.bias_hh  # the LSTM only ever uses the sum of its two biases
-    return F.linear(x, lw.weight_ih, bias)
+def _fused_lstm(cfg: RNNConfig, lw: LayerWeights, xp: Tensor, stored, reset, recompute):
+    hc = _LSTMScan.apply(xp, torch.cat(stored, dim=-1), reset, lw.weight_hh, recompute)
+    return (hc[..., : cfg.hidden_size], hc[..., cfg.hidden_size :])
+
+
+def _fused_gru(cfg: RNNConfig, lw: LayerWeights, xp: Tensor, stored, reset, recompute):
+    return (_GRUScan.apply(xp, stored[0], reset, lw.weight_hh, lw.bias_hh, recompute),)
+
+
+#: The cell kinds with a hand-written loop (forward and backward); every other kind runs the
+#: autograd loop over its ``step_projected``, which any registered kind has.
+FUSED_SCANS = {"lstm": _fused_lstm, "gru": _fused_gru}
 
 
 def _use_fused(cfg: RNNConfig, x: Tensor, python_based: bool) -> bool:
     if python_based or cfg.proj_size or torch.compiler.is_compiling():
+        return False
+    if cfg.mode not in FUSED_SCANS:
         return False
     # vmap wraps tensors in BatchedTensor; the fused path's out= writes need plain tensors.
     return not torch._C._functorch.is_batchedtensor(x)
@@ -287,13 +294,13 @@ def scan_unroll(
     fused = _use_fused(cfg, x, python_based)
     reset = segment_starts(is_init).t().unsqueeze(-1)  # [T, N, 1], t = 0 always restarts
 
+    kind = cfg.kind
+    fused_loop = FUSED_SCANS[cfg.mode] if fused else None
+
     def layer_fn(lw: LayerWeights, layer_in: Tensor, stored: tuple[Tensor, ...]):
-        xp = _input_projection(cfg, lw, layer_in).contiguous()
-        if fused and cfg.mode == "lstm":
-            hc = _LSTMScan.apply(xp, torch.cat(stored, dim=-1), reset, lw.weight_hh, recompute)
-            return (hc[..., : cfg.hidden_size], hc[..., cfg.hidden_size :])
-        if fused:
-            return (_GRUScan.apply(xp, stored[0], reset, lw.weight_hh, lw.bias_hh, recompute),)
+        xp = kind.project(cfg, lw, layer_in).contiguous()
+        if fused_loop is not None:
+            return fused_loop(cfg, lw, xp, stored, reset, recompute)
         if recompute:
             return checkpoint(_autograd_layer, cfg, lw, xp, stored, reset, use_reentrant=False)
         return _autograd_layer(cfg, lw, xp, stored, reset)

@@ -1,4 +1,4 @@
-"""One step of a stacked LSTM/GRU on ``[N, L, S]`` states (sequential mode)."""
+"""One step of a stacked recurrent network on ``[N, L, S]`` states (sequential mode)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from recurrl.functional import cells
 from recurrl.functional.recurrent.config import RNNConfig
 
 __all__ = ["recurrent_step"]
@@ -25,8 +24,9 @@ def recurrent_step(
 ) -> tuple[Tensor, tuple[Tensor, ...]]:
     """Advance every element of a batch by one step.
 
-    Torch's fused cell operators are used unless ``python_based`` (or an LSTM projection,
-    which they lack); both give the same numbers. A single-step call of the fused sequence
+    The cell kind's step is used (:meth:`~recurrl.functional.recurrent.cell.CellKind.step`):
+    torch's fused cell operators unless ``python_based`` (or an LSTM projection, which they
+    lack); both give the same numbers. A single-step call of the fused sequence
     kernel would cost several times more on CPU (per-call setup of oneDNN).
 
     Args:
@@ -49,38 +49,20 @@ def recurrent_step(
         >>> torch.allclose(y, ref_y[:, 0], atol=1e-6), torch.allclose(h1, ref_h.transpose(0, 1))
         (True, True)
     """
+    kind = cfg.kind
     fused = not python_based and not cfg.proj_size
-    if fused and cfg.num_layers == 1:
+    if cfg.num_layers == 1:
         # The acting hot path (one step per env step): no per-layer bookkeeping.
-        w = flat_weights[: cfg.params_per_layer]
-        if cfg.mode == "lstm":
-            h, c = torch.lstm_cell(x, (states[0][:, 0], states[1][:, 0]), *w)
-            return h, (h.unsqueeze(1), c.unsqueeze(1))
-        h = torch.gru_cell(x, states[0][:, 0], *w)
-        return h, (h.unsqueeze(1),)
+        w = cfg.layer_weights(flat_weights, 0)
+        out = kind.step(cfg, w, x, tuple(s[:, 0] for s in states), fused=fused)
+        return out[0], tuple(s.unsqueeze(1) for s in out)
     new: list[tuple[Tensor, ...]] = []
     layer_in = x
     for layer in range(cfg.num_layers):
         w = cfg.layer_weights(flat_weights, layer)
         if layer and training and cfg.dropout:
             layer_in = F.dropout(layer_in, cfg.dropout, training=True)
-        prev = tuple(s[:, layer] for s in states)
-        if cfg.mode == "lstm" and fused:
-            out = torch.lstm_cell(layer_in, prev, w.weight_ih, w.weight_hh, w.bias_ih, w.bias_hh)
-        elif cfg.mode == "lstm":
-            out = cells.lstm_cell(
-                layer_in, prev, w.weight_ih, w.weight_hh, w.bias_ih, w.bias_hh, w.weight_hr
-            )
-        elif fused:
-            out = (
-                torch.gru_cell(layer_in, prev[0], w.weight_ih, w.weight_hh, w.bias_ih, w.bias_hh),
-            )
-        else:
-            out = (
-                cells.gru_cell(layer_in, prev[0], w.weight_ih, w.weight_hh, w.bias_ih, w.bias_hh),
-            )
+        out = kind.step(cfg, w, layer_in, tuple(s[:, layer] for s in states), fused=fused)
         new.append(tuple(out))
         layer_in = out[0]
-    if cfg.num_layers == 1:
-        return layer_in, tuple(s.unsqueeze(1) for s in new[0])
     return layer_in, tuple(torch.stack(s, dim=1) for s in zip(*new, strict=True))

@@ -32,6 +32,7 @@ from recurrl.functional.recurrent.config import RNNConfig, drive_layers
 from recurrl.functional.sequences import segment_starts
 
 __all__ = [
+    "TRITON_CELLS",
     "TRITON_COMPUTE_DTYPES",
     "triton_config_error",
     "triton_unavailable_reason",
@@ -40,6 +41,8 @@ __all__ = [
 
 #: dtypes of the recurrent matmul's operands the kernel supports
 TRITON_COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
+#: The cell kinds the kernels are written for; the backend refuses the others by name.
+TRITON_CELLS = frozenset({"lstm", "gru"})
 
 _BLOCK_ROWS = 16  # batch rows per program (tl.dot needs every side >= 16)
 _BLOCK_COLS = 64  # hidden units per output tile
