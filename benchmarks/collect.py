@@ -12,7 +12,6 @@ Run: ``python benchmarks/collect.py [--quick] [--threads N] [--envs 1 8]``
 from __future__ import annotations
 
 import argparse
-import inspect
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import compare
 
 from recurrl.collectors import Collector
-from recurrl.envs import GymEnv
+from recurrl.envs import GymEnv, GymVecEnv
 from recurrl.modules import LSTMModule
 
 OBS, ACTIONS, H = 4, 2, 16
@@ -128,10 +127,6 @@ def breakdown(collector: Collector, frames: int) -> str:
     return f"breakdown ({total / frames * 1e6:.0f} us/frame): {parts}"
 
 
-def batched_gym_available() -> bool:
-    return "num_envs" in inspect.signature(GymEnv).parameters
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short run (smoke test)")
@@ -151,11 +146,8 @@ def main() -> None:
     )
     policy, lstm, head = make_policy(args.python_based)
     for n_envs in args.envs:
-        if n_envs > 1 and not batched_gym_available():
-            print(f"{n_envs:2d} envs: skipped (GymEnv has no num_envs: batched envs missing)")
-            continue
         if n_envs > 1:
-            env = GymEnv("CartPole-v1", num_envs=n_envs, vectorization="sync")
+            env = GymVecEnv("CartPole-v1", num_envs=n_envs, vectorization="sync")
         else:
             env = GymEnv("CartPole-v1")
         env.set_seed(0)

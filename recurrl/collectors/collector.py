@@ -51,7 +51,7 @@ class Collector:
 
     Args:
         env: an env (``batch_size`` ``[]`` or ``[N]``, e.g. a batched
-            ``GymEnv(name, num_envs=N)``), or a callable taking no argument that builds one.
+            ``GymVecEnv(name, num_envs=N)``), or a callable taking no argument that builds one.
         policy: TensorDict -> TensorDict writing ``"action"`` (may return ``None`` after
             writing in place). ``None`` takes random actions (``action_spec.rand()``, torch's
             global RNG).

@@ -1,6 +1,6 @@
 """SerialEnv: N unbatched envs stepped in this process as one env of batch ``[N]``.
 
-The batched contract is that of ``GymEnv(id, num_envs=N)``: specs are the sub-env's specs
+The batched contract is that of ``GymVecEnv(id, num_envs=N)``: specs are the sub-env's specs
 expanded to ``[N]``; ``reset(td)`` with a ``"_reset"`` mask resets only those sub-envs (the
 others keep the input's values, merged by :class:`~recurrl.envs.EnvBase`); stepping a
 sub-env that finished without resetting it raises; sub-env ``i`` is seeded with
@@ -82,7 +82,7 @@ def check_metadata(owner: str, metas: Sequence[EnvMetaData]) -> EnvMetaData:
         raise ValueError(
             f"{owner}: expected unbatched sub-envs (batch_size []), received a "
             f"{first.env_type} of batch_size {list(first.batch_size)}. Fix: let each worker "
-            f"build one env (e.g. GymEnv(id)), or use GymEnv(id, num_envs=N) alone."
+            f"build one env (e.g. GymEnv(id)), or use GymVecEnv(id, num_envs=N) alone."
         )
     for i, meta in enumerate(metas[1:], start=1):
         diff = meta.differences(first)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import pickle
 import sys
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium
 import numpy as np
@@ -17,6 +17,7 @@ import torch
 from gymnasium import spaces
 from tensordict import TensorDict, TensorDictBase
 
+from recurrl.envs._policy_arg import _EnvMeta
 from recurrl.envs.common import EnvBase
 from recurrl.envs.specs import (
     Binary,
@@ -274,11 +275,36 @@ def _make(env: str | gymnasium.Env, make_kwargs: dict[str, Any]) -> gymnasium.En
         return env
     raise TypeError(
         f"GymEnv: expected a gymnasium env id (str) or a gymnasium.Env instance, received "
-        f"{type(env).__name__}. For a batch of envs pass an id with num_envs=N."
+        f"{type(env).__name__}. For a batch of envs use GymVecEnv(id, num_envs=N)."
     )
 
 
-class GymEnv(EnvBase):
+class _GymEnvMeta(_EnvMeta):
+    """Metaclass of :class:`GymEnv`: ``GymEnv(id, num_envs=N)`` as an alias of the batched env.
+
+    The reference library's spelling ``GymEnv(id, num_envs=N, ...)`` (and ``GymEnv(vector_env,
+    ...)``) is forwarded unchanged to the batched class, ``GymVecEnv(id, num_envs=N, ...)``.
+    That class declares itself (``class GymVecEnv(GymEnv, batched=True)``), so this module
+    never imports it, and ``GymEnv.__init__`` builds one env only. Only ``GymEnv`` itself
+    forwards: a subclass is built as it is.
+    """
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is GymEnv:
+            vector_given = bool(args) and isinstance(args[0], gymnasium.vector.VectorEnv)
+            if kwargs.get("num_envs") is not None or vector_given:
+                batched = GymEnv._batched_class
+                if batched is None:
+                    raise RuntimeError(
+                        "GymEnv(..., num_envs=N): no batched class is declared; import "
+                        "recurrl.envs (which defines GymVecEnv) and use GymVecEnv(id, "
+                        "num_envs=N)."
+                    )
+                return batched(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+class GymEnv(EnvBase, metaclass=_GymEnvMeta):
     """A single gymnasium env (``batch_size=[]``) as a recurrl env.
 
     The observation goes under ``"observation"``; a ``Dict`` observation space gives one
@@ -297,11 +323,10 @@ class GymEnv(EnvBase):
         categorical_action_encoding: ``Discrete`` spaces become :class:`Categorical`
             integer indices (True) or :class:`OneHot` vectors (False).
         seed: optional seed for the first reset.
-        num_envs: when given, ``GymEnv(...)`` returns a
-            :class:`~recurrl.envs.gym_vector.GymVecEnv` of ``num_envs`` envs (batch
-            ``[num_envs]``; it also takes ``vectorization``, ``vector_kwargs`` and
-            ``step_timeout``). A gymnasium ``VectorEnv`` instance also gives a
-            ``GymVecEnv``.
+        num_envs: not an argument of this class: ``GymEnv(id, num_envs=N, ...)`` (the
+            reference library's spelling) and ``GymEnv(vector_env, ...)`` are documented
+            aliases of :class:`~recurrl.envs.GymVecEnv` ``(id, num_envs=N, ...)`` and
+            return a ``GymVecEnv`` (batch ``[N]``). ``num_envs=None`` builds one env.
         policy: a policy whose needs the env should meet (taken by every env class, see
             :class:`~recurrl.envs.EnvBase`): with recurrent modules inside, the constructor
             returns a :class:`~recurrl.envs.TransformedEnv` around this env with an
@@ -330,17 +355,23 @@ class GymEnv(EnvBase):
         ('TransformedEnv', 'GymEnv')
         >>> sorted(env.reset().keys())
         ['done', 'is_init', 'observation', 'rs', 'terminated', 'truncated']
+
+        The reference library's spelling of a batch of envs is an alias of ``GymVecEnv``:
+
+        >>> env = GymEnv("CartPole-v1", num_envs=2)
+        >>> type(env).__name__, env.batch_size
+        ('GymVecEnv', torch.Size([2]))
+        >>> env.close()
     """
 
-    def __new__(cls, *args: Any, num_envs: int | None = None, **kwargs: Any) -> GymEnv:
-        # GymEnv(..., num_envs=N) (or GymEnv(vector_env)) builds the batched sibling; Python
-        # then runs its __init__ because a GymVecEnv is a GymEnv.
-        vector_given = bool(args) and isinstance(args[0], gymnasium.vector.VectorEnv)
-        if (num_envs is not None or vector_given) and cls is GymEnv:
-            from recurrl.envs.gym_vector import GymVecEnv  # gym_vector imports this module
+    #: The class ``GymEnv(id, num_envs=N)`` builds: the subclass declared with
+    #: ``batched=True`` (:class:`~recurrl.envs.GymVecEnv`).
+    _batched_class: ClassVar[type[GymEnv] | None] = None
 
-            cls = GymVecEnv
-        return super().__new__(cls)
+    def __init_subclass__(cls, batched: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if batched:
+            GymEnv._batched_class = cls
 
     def __init__(
         self,
@@ -349,12 +380,18 @@ class GymEnv(EnvBase):
         device: torch.device | str = "cpu",
         categorical_action_encoding: bool = True,
         seed: int | None = None,
-        num_envs: None = None,
         **make_kwargs: Any,
     ) -> None:
-        vector_only = {"vectorization", "vector_kwargs", "step_timeout"} & set(make_kwargs)
+        if "num_envs" in make_kwargs and make_kwargs["num_envs"] is None:
+            del make_kwargs["num_envs"]  # num_envs=None: one env
+        vector_only = {"num_envs", "vectorization", "vector_kwargs", "step_timeout"}
+        vector_only &= set(make_kwargs)
         if vector_only:
-            raise TypeError(f"GymEnv: {sorted(vector_only)} need num_envs=N (a batched GymVecEnv).")
+            raise TypeError(
+                f"{type(self).__name__}: {sorted(vector_only)} need num_envs=N: they are "
+                f"arguments of a batch of envs, and this class builds one env. Fix: "
+                f"GymVecEnv(id, num_envs=N, ...)."
+            )
         env = _make(env_name_or_instance, make_kwargs)
         super().__init__(device=device, batch_size=())
         self._env = env

@@ -85,10 +85,12 @@ def _make_vector(
     return _AsyncVectorEnv(env_fns, step_timeout=step_timeout, **kwargs)
 
 
-class GymVecEnv(GymEnv):
+class GymVecEnv(GymEnv, batched=True):
     """``num_envs`` copies of a gymnasium env, stepped together: batch ``[num_envs]``.
 
-    ``GymEnv(env_id, num_envs=N, ...)`` returns this class. Specs are those of one env
+    Build it with ``GymVecEnv(env_id, num_envs=N, ...)``; ``GymEnv(env_id, num_envs=N, ...)``
+    (the reference library's spelling) is a documented alias that returns this class with
+    the same arguments (``batched=True`` declares it the target). Specs are those of one env
     (``single_observation_space`` / ``single_action_space``) expanded to ``[N]``; keys and
     conversions are those of :class:`~recurrl.envs.GymEnv`.
 
@@ -131,7 +133,7 @@ class GymVecEnv(GymEnv):
         **make_kwargs: passed to ``gymnasium.make`` for every sub-env.
 
     Examples:
-        >>> env = GymEnv("CartPole-v1", num_envs=3, seed=0)
+        >>> env = GymVecEnv("CartPole-v1", num_envs=3, seed=0)
         >>> type(env).__name__, env.batch_size
         ('GymVecEnv', torch.Size([3]))
         >>> env.observation_spec["observation"].shape, env.action_spec.shape
@@ -143,7 +145,7 @@ class GymVecEnv(GymEnv):
 
         One worker process per sub-env, each answer awaited at most 60 s:
 
-        >>> env = GymEnv("CartPole-v1", num_envs=2, vectorization="async", step_timeout=60)
+        >>> env = GymVecEnv("CartPole-v1", num_envs=2, vectorization="async", step_timeout=60)
         >>> env.rollout(3).batch_size
         torch.Size([2, 3])
         >>> env.close()

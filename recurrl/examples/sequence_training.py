@@ -28,7 +28,7 @@ from torch import nn
 
 from recurrl.collectors import Collector
 from recurrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
-from recurrl.envs import GymEnv, MaskObservation, TransformedEnv
+from recurrl.envs import GymVecEnv, MaskObservation, TransformedEnv
 from recurrl.modules import GRUModule, set_recurrent_mode
 
 HIDDEN = 32
@@ -36,7 +36,7 @@ HIDDEN = 32
 
 def make_env(num_envs: int, seed: int) -> TransformedEnv:
     """CartPole whose policy input ``"masked"`` keeps positions only (velocities hidden)."""
-    base = GymEnv("CartPole-v1", num_envs=num_envs, seed=seed)
+    base = GymVecEnv("CartPole-v1", num_envs=num_envs, seed=seed)
     return TransformedEnv(base, MaskObservation(keep=[0, 2], out_key="masked"))
 
 

@@ -78,8 +78,8 @@ def observation_inputs(env: Any) -> ObsInputs:
     """The :class:`ObsInputs` of an env from :func:`~recurrl.trainers.models.make_env`.
 
     Examples:
-        >>> from recurrl.envs import GymEnv
-        >>> observation_inputs(GymEnv("CartPole-v1", num_envs=2))
+        >>> from recurrl.envs import GymVecEnv
+        >>> observation_inputs(GymVecEnv("CartPole-v1", num_envs=2))
         ObsInputs(vector=4, image=None)
     """
     spec = env.observation_spec
@@ -263,12 +263,12 @@ def inputs_vector_env(
     env_id: str, num_envs: int, make_kwargs: dict[str, Any] | None = None
 ) -> gymnasium.vector.SyncVectorEnv:
     """``num_envs`` copies of ``env_id`` behind :class:`NetworkInputs`, as a gymnasium
-    ``SyncVectorEnv`` that :class:`~recurrl.envs.GymEnv` takes (autoreset disabled: recurrl
+    ``SyncVectorEnv`` that :class:`~recurrl.envs.GymVecEnv` takes (autoreset disabled: recurrl
     resets finished envs itself). Only the first copy warns about dropped entries.
 
     Examples:
-        >>> from recurrl.envs import GymEnv
-        >>> env = GymEnv(inputs_vector_env("CartPole-v1", 3))
+        >>> from recurrl.envs import GymVecEnv
+        >>> env = GymVecEnv(inputs_vector_env("CartPole-v1", 3))
         >>> env.reset()["observation"].shape
         torch.Size([3, 4])
     """

@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from recurrl.envs import (
     Compose,
-    GymEnv,
+    GymVecEnv,
     InitTracker,
     MaskObservation,
     OneHotObservation,
@@ -65,7 +65,7 @@ MEMORY_MODULES: dict[str, tuple[type[RecurrentModule], tuple[str, ...]]] = {
 
 
 def make_env(cfg: EnvConfig, *, num_envs: int | None = None, seed: int | None = None):
-    """``GymEnv(num_envs=N)`` with the built-in mask (if any), ``InitTracker``, ``StepCounter``
+    """``GymVecEnv(num_envs=N)`` with the built-in mask (if any), ``InitTracker``, ``StepCounter``
     and ``RewardSum`` (``("next", "episode_reward")`` is the running return).
 
     A discrete observation (gymnasium ``Discrete`` / ``MultiDiscrete``, e.g. the cards of
@@ -87,9 +87,9 @@ def make_env(cfg: EnvConfig, *, num_envs: int | None = None, seed: int | None = 
             vector_env = inputs_vector_env(gym_id, n, kwargs)
         except ValueError as err:  # nothing the networks can read: the user's env choice
             raise UsageError(f"recurrl train: {err}") from err
-        base = GymEnv(vector_env, seed=seed)
+        base = GymVecEnv(vector_env, seed=seed)
         return TransformedEnv(base, Compose(InitTracker(), StepCounter(), RewardSum()))
-    base = GymEnv(gym_id, num_envs=n, seed=seed, **kwargs)
+    base = GymVecEnv(gym_id, num_envs=n, seed=seed, **kwargs)
     obs = base.observation_spec.get(OBS_KEY, None)
     mask = cfg.mask()
     transforms = [MaskObservation(mask)] if mask is not None else []

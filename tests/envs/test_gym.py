@@ -254,3 +254,53 @@ def test_simulator_state_round_trip_replays_the_same_steps():
     first = replay()
     env.load_simulator_state(blob)
     torch.testing.assert_close(replay(), first, rtol=0, atol=0)
+
+
+class TestBatchedAlias:
+    """``GymEnv(id, num_envs=N)`` is a documented alias of ``GymVecEnv(id, num_envs=N)``."""
+
+    def test_alias_builds_the_batched_env_with_the_same_arguments(self):
+        from recurrl.envs import GymVecEnv
+
+        env = GymEnv("CartPole-v1", num_envs=2, seed=3, vectorization="sync")
+        direct = GymVecEnv("CartPole-v1", num_envs=2, seed=3, vectorization="sync")
+        assert type(env) is GymVecEnv and env.batch_size == (2,)
+        assert torch.equal(env.reset()["observation"], direct.reset()["observation"])
+        env.close(), direct.close()
+
+    def test_num_envs_none_is_one_env(self):
+        env = GymEnv("CartPole-v1", num_envs=None)
+        assert type(env) is GymEnv and env.batch_size == ()
+
+    def test_alias_takes_policy(self):
+        from recurrl.envs import GymVecEnv, TransformedEnv
+        from recurrl.modules import GRUModule
+
+        gru = GRUModule(4, 3, in_keys=["observation", "rs"], out_keys=["h", ("next", "rs")])
+        env = GymEnv("CartPole-v1", num_envs=2, policy=gru)
+        assert isinstance(env, TransformedEnv) and type(env.base_env) is GymVecEnv
+        assert env.reset()["rs"].shape == (2, 1, 3)
+        env.close()
+
+    def test_no_class_swap_in_the_constructor(self):
+        import ast
+        import inspect
+
+        from recurrl.envs import gym
+
+        assert "__new__" not in GymEnv.__dict__
+        imported = {
+            node.module if isinstance(node, ast.ImportFrom) else alias.name
+            for node in ast.walk(ast.parse(inspect.getsource(gym)))
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            for alias in node.names
+        }
+        assert "recurrl.envs.gym_vector" not in imported  # gym_vector imports gym, not back
+
+    def test_a_subclass_is_not_forwarded_and_says_how_to_batch(self):
+        class MyGym(GymEnv):
+            pass
+
+        assert type(MyGym("CartPole-v1", num_envs=None)) is MyGym
+        with pytest.raises(TypeError, match=r"MyGym: \['num_envs'\].*GymVecEnv\(id, num_envs=N"):
+            MyGym("CartPole-v1", num_envs=2)
