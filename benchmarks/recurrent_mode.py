@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import compare
 
 from recurrl.functional.recurrent import RNNConfig
-from recurrl.functional.recurrent.pad_flush import flush_unroll
-from recurrl.functional.recurrent.pad_frozen import frozen_unroll
+from recurrl.functional.recurrent.pad.flush import flush_unroll
+from recurrl.functional.recurrent.pad.frozen import frozen_unroll
 from recurrl.functional.sequences import split_pieces
 from recurrl.modules import GRUModule, LSTMModule, set_recurrent_mode
 

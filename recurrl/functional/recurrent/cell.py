@@ -40,7 +40,7 @@ from recurrl.functional import cells
 
 if TYPE_CHECKING:
     from recurrl.functional.recurrent.config import LayerWeights, RNNConfig
-    from recurrl.functional.recurrent.pad_costs import PadCosts
+    from recurrl.functional.recurrent.pad.costs import PadCosts
 
 __all__ = [
     "CELL_KINDS",
@@ -57,8 +57,8 @@ __all__ = [
 @dataclass(frozen=True)
 class PadGates:
     """How the ``pad`` family's flag columns drive a gated cell (see
-    :mod:`~recurrl.functional.recurrent.pad_frozen` and
-    :mod:`~recurrl.functional.recurrent.pad_flush`).
+    :mod:`~recurrl.functional.recurrent.pad.frozen` and
+    :mod:`~recurrl.functional.recurrent.pad.flush`).
 
     Each entry maps a gate block (its index in the ``G`` blocks of ``weight_ih``'s rows) to
     the sign of the saturating weight ``s`` put there: a sigmoid gate at ``-s`` is exactly 0,
@@ -76,7 +76,7 @@ class PadGates:
             batch-first otherwise (torch's GRU loop, whose rounding depends on it).
         stagger: start pieces at later window boundaries where they pad least (kernels that
             cost mostly per row-step).
-        costs: the kind's :class:`~recurrl.functional.recurrent.pad_costs.PadCosts`
+        costs: the kind's :class:`~recurrl.functional.recurrent.pad.costs.PadCosts`
             (``None``: the entry of ``PAD_COSTS`` under the kind's name).
     """
 

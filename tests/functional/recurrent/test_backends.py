@@ -12,12 +12,16 @@ import pytest
 import torch
 
 from recurrl.functional.recurrent import (
+    RECURRENT_BACKEND_REGISTRY,
     RECURRENT_BACKENDS,
     RECURRENT_RECOMPUTE,
+    RecurrentBackend,
     check_recurrent_options,
     recurrent_unroll,
+    register_recurrent_backend,
     resolve_backend,
 )
+from recurrl.functional.recurrent.config import drive_layers
 from recurrl.functional.rnn import GRU, LSTM
 
 from ._reference import loss_of, make_problem, reference_unroll
@@ -371,3 +375,50 @@ def test_scan_compiles_without_graph_breaks(backend):
     _close(y, y_ref)
     for s, s_ref in zip(nxt, next_ref, strict=True):
         _close(s, s_ref)
+
+
+def _doc_backend_unroll(cfg, flat_weights, x, states, is_init, options, *, training,
+                        python_based, runner):  # fmt: skip
+    """The backend of docs/adding_a_backend.md, written from that page."""
+    kind = cfg.kind
+
+    def layer_fn(w, layer_in, stored):
+        xp = kind.project(cfg, w, layer_in)
+        carry, out = tuple(s[0] for s in stored), []
+        for t in range(xp.shape[0]):
+            if t:
+                carry = tuple(
+                    s[t].where(is_init.t()[t, :, None], c)
+                    for s, c in zip(stored, carry, strict=True)
+                )
+            carry = kind.step_projected(cfg, w, xp[t], carry)
+            out.append(carry)
+        return tuple(torch.stack(s) for s in zip(*out, strict=True))
+
+    return drive_layers(cfg, flat_weights, x, states, layer_fn, training=training)
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_a_registered_backend_runs_in_modules_and_matches_the_others(mode):
+    from recurrl.modules import GRUModule, LSTMModule
+
+    register_recurrent_backend(
+        RecurrentBackend(
+            "test_doc", _doc_backend_unroll, refuses=lambda kind, python_based: None,
+            recompute=False, no_recompute_reason="it keeps every activation.",
+        )
+    )  # fmt: skip
+    try:
+        p = make_problem(mode, num_layers=2, seed=4)
+        ref = recurrent_unroll(p.cfg, p.weights, p.x, p.states, p.is_init, backend="scan")
+        got = recurrent_unroll(p.cfg, p.weights, p.x, p.states, p.is_init, backend="test_doc")
+        _close(got[0], ref[0])
+        for a, b in zip(got[1], ref[1], strict=True):
+            _close(a, b)
+        cls = LSTMModule if mode == "lstm" else GRUModule
+        module = cls(3, 4, recurrent_backend="test_doc", in_key="x", out_key="y")
+        assert module.recurrent_options.backend == "test_doc"
+        with pytest.raises(ValueError, match="not available with recurrent_backend='test_doc'"):
+            module.recurrent_recompute = "full"
+    finally:
+        RECURRENT_BACKEND_REGISTRY.pop("test_doc")

@@ -2,7 +2,7 @@
 
 Costs are in units of one (row, step) of the fused kernel, forward and backward, measured on
 2 CPU cores with 1 thread (``benchmarks/recurrent_mode.py``); the plans of
-:mod:`~recurrl.functional.recurrent.pad_frozen` and :mod:`~recurrl.functional.recurrent.pad_flush`
+:mod:`~recurrl.functional.recurrent.pad.frozen` and :mod:`~recurrl.functional.recurrent.pad.flush`
 are flat around these values, so they only need to be right within a factor of about 2.
 
 A cell kind that declares :class:`~recurrl.functional.recurrent.cell.PadGates` takes its

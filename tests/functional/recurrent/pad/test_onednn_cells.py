@@ -12,17 +12,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recurrl.functional.recurrent import onednn_cells
-from recurrl.functional.recurrent.onednn_cells import (
+from recurrl.functional.recurrent.pad import onednn_cells
+from recurrl.functional.recurrent.pad.flush import flush_unroll
+from recurrl.functional.recurrent.pad.onednn_cells import (
     WorkspaceCells,
     known_layout,
     learn_layout,
     lstm_layer,
     read_cells,
 )
-from recurrl.functional.recurrent.pad_flush import flush_unroll
 
-from ._reference import loss_of, make_problem, reference_unroll, zero_restarts
+from .._reference import loss_of, make_problem, reference_unroll, zero_restarts
 
 needs_onednn = pytest.mark.skipif(
     not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.aten, "mkldnn_rnn_layer")),
@@ -136,7 +136,7 @@ def test_flush_layout_learns_the_workspace_once(num_layers, monkeypatch):
         learned.append(real(*args))
         return learned[-1]
 
-    monkeypatch.setattr("recurrl.functional.recurrent.pad_flush.learn_layout", spy)
+    monkeypatch.setattr("recurrl.functional.recurrent.pad.flush.learn_layout", spy)
     y_ref, next_ref = reference_unroll(p.rnn, p.x, p.states, p.is_init)
     grads_ref = torch.autograd.grad(loss_of(y_ref, next_ref), p.weights)
     for _ in range(2):

@@ -1,4 +1,10 @@
-"""The ``pad`` backend: split the batch at resets and run torch's fused ``nn.LSTM``/``nn.GRU``.
+"""The ``pad`` backend: split the batch at resets and run torch's fused sequence operators.
+
+One module per layout: :mod:`~recurrl.functional.recurrent.pad.windows` (exact windows, any
+runner or cell kind with a fused operator), :mod:`~recurrl.functional.recurrent.pad.frozen`
+and :mod:`~recurrl.functional.recurrent.pad.flush` (cell kinds with
+:class:`~recurrl.functional.recurrent.cell.PadGates`); the cost model that chooses between
+them is :mod:`~recurrl.functional.recurrent.pad.costs`. This module dispatches.
 
 Each trajectory piece becomes a row of a padded ``[P, L_max, F]`` grid (longest piece
 first), whose first step starts from the state stored there. Instead of running the grid
@@ -14,36 +20,34 @@ original layout, i.e. plain ``nn.LSTM``.
 
 With torch's fused kernels (``fused_weights`` given, the modules' default), the windows are
 merged into a few calls whose padding steps are frozen exactly, see
-:mod:`recurrl.functional.recurrent.pad_frozen`; when every restart inside a row starts from
+:mod:`recurrl.functional.recurrent.pad.frozen`; when every restart inside a row starts from
 zeros (a collector's batches), the trajectories may instead run one after the other, packed
 into as many rows, with a flush step before each restart, see
-:mod:`recurrl.functional.recurrent.pad_flush`; the cheaper estimate wins. The
+:mod:`recurrl.functional.recurrent.pad.flush`; the cheaper estimate wins. The
 plain windows above serve custom runners (python-based modules), whose weights cannot take
 the extra input column.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from recurrl.functional.recurrent.config import RNNConfig
-from recurrl.functional.recurrent.pad_flush import (
+from recurrl.functional.recurrent.pad.flush import (
     flush_check,
     flush_cost,
     flush_plan,
     flush_unroll,
 )
-from recurrl.functional.recurrent.pad_frozen import frozen_plan, frozen_unroll
+from recurrl.functional.recurrent.pad.frozen import frozen_plan, frozen_unroll
+from recurrl.functional.recurrent.pad.windows import Runner, windows_unroll
 from recurrl.functional.sequences import host_starts, pieces_from_starts
 
-__all__ = ["all_finite", "fused_runner", "pad_unroll"]
-
-#: ``run(x [n, w, F], hx (each [L, n, S])) -> (y [n, w, O], hx_out)``
-Runner = Callable[[Tensor, tuple[Tensor, ...]], tuple[Tensor, tuple[Tensor, ...]]]
+__all__ = ["Runner", "all_finite", "fused_runner", "pad_unroll"]
 
 
 def fused_runner(cfg: RNNConfig, flat_weights: Sequence[Tensor], training: bool) -> Runner:
@@ -113,42 +117,7 @@ def pad_unroll(
                 # 0 * NaN = NaN: a non-finite value would cross the restart. The frozen
                 # windows select every piece's start state instead (see all_finite).
         return frozen_unroll(cfg, fused_weights, x, states, pieces, training=training, plan=windows)
-    lengths = pieces.lengths
-    total = n * steps
-    device = x.device
-    # Grid of pieces, longest first: position j of piece p is flat step start[p] + j.
-    offsets = torch.arange(lengths[0], device=device)
-    grid_index = (pieces.start.unsqueeze(1) + offsets).clamp_(max=total - 1)
-    xs = x.reshape(total, -1)[grid_index]
-    hx = tuple(
-        s.reshape(total, *s.shape[2:])[pieces.start].transpose(0, 1).contiguous() for s in states
-    )
-
-    # Distinct lengths in increasing order, and how many pieces are alive in each window.
-    distinct = sorted(set(lengths))
-    alive = [sum(1 for ln in lengths if ln >= d) for d in distinct]
-    outs: list[Tensor] = []
-    finals: list[tuple[Tensor, ...]] = []
-    ended: list[tuple[int, int]] = []
-    prev = 0
-    for k, (d, n_alive) in enumerate(zip(distinct, alive, strict=True)):
-        hx = tuple(h[:, :n_alive] for h in hx)
-        y, hx = run(xs[:n_alive, prev:d], hx)
-        outs.append(y.reshape(-1, y.shape[-1]))
-        n_next = alive[k + 1] if k + 1 < len(alive) else 0
-        finals.append(tuple(h[:, n_next:n_alive] for h in hx))
-        ended.append((n_next, n_alive))
-        prev = d
-
-    y = torch.cat(outs)[_output_index(pieces, distinct, alive, n, steps, device)]
-    rank_of_final = torch.cat([torch.arange(a, b, device=device) for a, b in ended])
-    end_pos = (pieces.start + pieces.length - 1)[rank_of_final]
-    new_states = []
-    for k, s in enumerate(states):
-        final = torch.cat([f[k] for f in finals], dim=1).transpose(0, 1)  # [P, L, S]
-        flat = torch.zeros(total, *s.shape[2:], dtype=final.dtype, device=device)
-        new_states.append(flat.index_copy(0, end_pos, final).reshape(s.shape))
-    return y.reshape(n, steps, -1), tuple(new_states)
+    return windows_unroll(x, states, pieces, run)
 
 
 def all_finite(y: Tensor) -> bool:
@@ -174,24 +143,3 @@ def all_finite(y: Tensor) -> bool:
 
 def _last_step(s: Tensor) -> Tensor:
     return torch.tensor([s.shape[1] - 1], device=s.device)
-
-
-def _output_index(pieces, distinct: list[int], alive: list[int], n: int, steps: int, device):
-    """For every flat grid step, its row in the concatenation of the windows' outputs."""
-    widths = torch.tensor(
-        [d - p for d, p in zip(distinct, [0, *distinct[:-1]], strict=True)], device=device
-    )
-    starts = torch.tensor([0, *distinct[:-1]], device=device)
-    sizes = torch.tensor(alive, device=device) * widths
-    base = torch.cumsum(sizes, 0) - sizes
-    # rank of the piece each flat step belongs to, and the step's offset inside its piece
-    rank_at_start = torch.empty(n * steps, dtype=torch.long, device=device)
-    rank_at_start[pieces.start] = torch.arange(len(pieces.lengths), device=device)
-    is_start = torch.zeros(n * steps, dtype=torch.bool, device=device)
-    is_start[pieces.start] = True
-    position = torch.arange(n * steps, device=device)
-    start_of = torch.cummax(torch.where(is_start, position, 0), 0).values
-    rank = rank_at_start[start_of]
-    offset = position - start_of
-    window = torch.searchsorted(torch.tensor(distinct, device=device), offset, right=True)
-    return base[window] + rank * widths[window] + (offset - starts[window])

@@ -17,7 +17,7 @@ import torch
 
 from recurrl.functional.recurrent import pad as pad_module
 from recurrl.functional.recurrent.pad import fused_runner, pad_unroll
-from recurrl.functional.recurrent.pad_flush import (
+from recurrl.functional.recurrent.pad.flush import (
     _LinearRecurrence,
     flush_applies,
     flush_check,
@@ -26,10 +26,10 @@ from recurrl.functional.recurrent.pad_flush import (
     flush_unroll,
     packed_width,
 )
-from recurrl.functional.recurrent.pad_frozen import frozen_plan, frozen_unroll
+from recurrl.functional.recurrent.pad.frozen import frozen_plan, frozen_unroll
 from recurrl.functional.sequences import host_starts, split_pieces
 
-from ._reference import LAYOUT_SPECS, loss_of, make_problem, reference_unroll, zero_restarts
+from .._reference import LAYOUT_SPECS, loss_of, make_problem, reference_unroll, zero_restarts
 
 pytestmark = pytest.mark.filterwarnings("ignore:LSTM with projections is not supported")
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from recurrl.functional.recurrent.pad import fused_runner, pad_unroll
-from recurrl.functional.recurrent.pad_frozen import (
+from recurrl.functional.recurrent.pad.frozen import (
     FrozenPlan,
     frozen_plan,
     frozen_unroll,
@@ -23,7 +23,7 @@ from recurrl.functional.recurrent.pad_frozen import (
 )
 from recurrl.functional.sequences import split_pieces
 
-from ._reference import LAYOUT_SPECS, loss_of, make_problem, pieces, reference_unroll
+from .._reference import LAYOUT_SPECS, loss_of, make_problem, pieces, reference_unroll
 
 ATOL = 1e-5
 
