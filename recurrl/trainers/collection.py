@@ -2,7 +2,8 @@
 a :class:`~recurrl.collectors.RayCollector` of ``--workers`` Ray actors (``--collector ray``).
 
 Both yield the same ``[num_envs, T]`` batches (the Ray one concatenates its workers' rows,
-worker 0's envs first), so the recipes' updates do not change with the collector.
+worker 0's envs first), so the recipes' updates do not change with the collector. The
+episode returns the recipes report are read from those batches here too.
 """
 
 from __future__ import annotations
@@ -22,7 +23,41 @@ from recurrl.trainers.config import TrainConfig
 from recurrl.trainers.errors import UsageError
 from recurrl.trainers.models import make_env
 
-__all__ = ["make_collector", "make_replay_buffer", "next_batch", "ray_init_config"]
+__all__ = [
+    "RECENT_EPISODES",
+    "episode_returns",
+    "make_collector",
+    "make_replay_buffer",
+    "next_batch",
+    "ray_init_config",
+]
+
+RECENT_EPISODES = 20
+"""The progress line's return: the mean of the last this many completed episodes."""
+
+
+def episode_returns(batch: TensorDictBase) -> list[float]:
+    """Returns of the episodes that ended in ``batch`` (``RewardSum`` at their last step).
+
+    Args:
+        batch: collected steps with ``("next", "done")`` bool ``[*B, 1]`` and
+            ``("next", "episode_reward")`` ``[*B, 1]`` (the running return of ``RewardSum``).
+
+    Returns:
+        One float per step where an episode ended, in row-major order.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> batch = TensorDict({"next": {
+        ...     "done": torch.tensor([[[False], [True]], [[True], [False]]]),
+        ...     "episode_reward": torch.tensor([[[1.0], [2.0]], [[3.0], [1.0]]]),
+        ... }}, batch_size=[2, 2])
+        >>> episode_returns(batch)
+        [2.0, 3.0]
+    """
+    done = batch["next", "done"].squeeze(-1)
+    return batch["next", "episode_reward"].squeeze(-1)[done].tolist()
 
 
 def ray_init_config(cfg: TrainConfig) -> dict[str, Any]:

@@ -45,106 +45,29 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import TensorDictModule as Mod
-from tensordict.nn import TensorDictSequential as Seq
 from torch import nn
 
 from recurrl.data import LazyTensorStorage, SliceSampler
-from recurrl.modules import MLP
 from recurrl.objectives import DQNLoss, HardUpdate, SoftUpdate
 from recurrl.trainers import checkpoint as ckpt
-from recurrl.trainers.collection import make_collector, make_replay_buffer, next_batch
-from recurrl.trainers.config import ModelConfig, TrainConfig
-from recurrl.trainers.encoders import ObsInputs, add_image_encoder, observation_inputs
+from recurrl.trainers.collection import (
+    RECENT_EPISODES,
+    episode_returns,
+    make_collector,
+    make_replay_buffer,
+    next_batch,
+)
+from recurrl.trainers.config import TrainConfig
+from recurrl.trainers.encoders import observation_inputs
 from recurrl.trainers.logger import MetricsLogger, plot_learning_curve
-from recurrl.trainers.models import ObservationNorm, _trunk, make_env
-from recurrl.trainers.ppo import RECENT_EPISODES, _episode_returns
+from recurrl.trainers.models import EpsilonGreedy, ObservationNorm, QNetwork, make_env
 
+# EpsilonGreedy, ObservationNorm and QNetwork live in recurrl.trainers.models (the evaluator
+# builds the Q-network too); they stay importable from here.
 __all__ = ["DQNTrainer", "EpsilonGreedy", "ObservationNorm", "QNetwork", "train"]
 
 # policy outputs not worth replaying: the loss recomputes them (and ("next", state) too)
 _NOT_STORED = ("action_value", "q_features", "q_observation", "q_encoded")
-
-
-class EpsilonGreedy(nn.Module):
-    """``action_value [*B, A] -> action [*B]``: argmax, or a uniform action with probability
-    ``epsilon`` (torch's global RNG). Set :attr:`epsilon` between calls to anneal it.
-
-    ``epsilon`` is kept in a buffer, so it is part of the policy's ``state_dict()`` and
-    travels with the weights a :class:`~recurrl.collectors.RayCollector` sends to its
-    workers. A state dict written before it was a buffer (without the entry) loads and keeps
-    the current value.
-
-    Examples:
-        >>> greedy = EpsilonGreedy(0.0)
-        >>> greedy(torch.tensor([[0.1, 0.7], [0.3, -1.0]]))
-        tensor([1, 0])
-        >>> greedy.epsilon = 0.25
-        >>> greedy.state_dict()["eps"]
-        tensor(0.2500)
-    """
-
-    def __init__(self, epsilon: float = 0.0) -> None:
-        super().__init__()
-        self.register_buffer("eps", torch.tensor(float(epsilon)))
-
-    @property
-    def epsilon(self) -> float:
-        """The probability of a uniform action."""
-        return float(self.eps)
-
-    @epsilon.setter
-    def epsilon(self, value: float) -> None:
-        self.eps.fill_(float(value))
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        state_dict.setdefault(prefix + "eps", self.eps.detach().clone())
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-    def forward(self, action_value: torch.Tensor) -> torch.Tensor:
-        greedy = action_value.argmax(-1)
-        if self.epsilon <= 0.0:
-            return greedy
-        explore = torch.rand(greedy.shape, device=greedy.device) < self.epsilon
-        uniform = torch.randint(action_value.shape[-1], greedy.shape, device=greedy.device)
-        return torch.where(explore, uniform, greedy)
-
-
-class QNetwork(nn.Module):
-    """Observation normalization, a trunk (LSTM/GRU/MLP from :class:`ModelConfig`) and an MLP
-    head (one hidden layer, as PPO's critic) writing ``"action_value"`` ``[*B, n_actions]``.
-
-    Args:
-        obs_dim: ``F``, the features of ``"observation"`` ``[*B, F]``; or an
-            :class:`~recurrl.trainers.encoders.ObsInputs`: with an image, a CNN reads
-            ``"pixels"`` uint8 ``[*B, H, W, C]`` and the trunk reads ``"q_encoded"``
-            ``[*B, F + hidden_size]`` (the normalized vector, then the image features).
-        obs_scale: the trunk reads ``"q_observation"`` = ``obs_scale * norm("observation")``
-            (``norm``: :attr:`obs_norm`, the identity until fitted).
-
-    Attributes:
-        obs_norm: the :class:`ObservationNorm` (buffers saved in the model's state dict).
-
-    Attributes:
-        q: the Q-network (a TensorDict module; recurrent state keys ``"q_h"`` (``"q_c"``)).
-    """
-
-    def __init__(
-        self, cfg: ModelConfig, obs_dim: int | ObsInputs, n_actions: int, *, obs_scale: float = 1.0
-    ) -> None:
-        super().__init__()
-        inputs = ObsInputs.of(obs_dim)
-        width = cfg.hidden_size
-        self.obs_norm = ObservationNorm(inputs.vector, obs_scale)
-        pre = [Mod(self.obs_norm, ["observation"], ["q_observation"])] if inputs.vector else []
-        pre, key, in_dim = add_image_encoder(pre, inputs, "q_observation", "q_encoded", width)
-        trunk = _trunk(cfg, in_dim, "q", obs_key=key)
-        head = MLP(width, n_actions, num_cells=width)  # as PPO's critic head
-        self.q = Seq(*pre, trunk, Mod(head, [trunk.out_keys[0]], ["action_value"]))
-
-    def policy(self, epsilon: float = 0.0) -> Seq:
-        """The acting module: the Q-network then :class:`EpsilonGreedy` writing ``"action"``."""
-        return Seq(self.q, Mod(EpsilonGreedy(epsilon), ["action_value"], ["action"]))
 
 
 def epsilon_at(cfg: Any, frames: int) -> float:
@@ -300,7 +223,7 @@ class DQNTrainer:
 
     def _step(self, batch: TensorDictBase) -> dict[str, Any]:
         """Store ``batch``, update if enough frames were collected; the metrics row."""
-        returns = _episode_returns(batch)
+        returns = episode_returns(batch)
         self.recent.extend(returns)
         if not self.remote:  # Ray workers wrote their batch into the buffer themselves
             self.buffer.extend(batch.exclude(*_NOT_STORED))

@@ -11,10 +11,9 @@ import torch
 from recurrl.collectors import Collector
 from recurrl.trainers import checkpoint as ckpt
 from recurrl.trainers.config import TrainConfig
-from recurrl.trainers.dqn import QNetwork
 from recurrl.trainers.encoders import observation_inputs
 from recurrl.trainers.errors import CheckpointError, UsageError
-from recurrl.trainers.models import actor_critic, make_env
+from recurrl.trainers.models import QNetwork, actor_critic, make_env
 
 __all__ = ["CONFIG", "evaluate", "load_config", "require_checkpoint"]
 

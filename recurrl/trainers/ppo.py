@@ -33,14 +33,12 @@ from torch import nn
 
 from recurrl.objectives import GAE, ClipPPOLoss
 from recurrl.trainers import checkpoint as ckpt
-from recurrl.trainers.collection import make_collector, next_batch
+from recurrl.trainers.collection import RECENT_EPISODES, episode_returns, make_collector, next_batch
 from recurrl.trainers.config import TrainConfig
 from recurrl.trainers.logger import MetricsLogger, plot_learning_curve
 from recurrl.trainers.models import ActorCritic, actor_critic, make_env
 
 __all__ = ["PPOTrainer", "train"]
-
-RECENT_EPISODES = 20  # the progress line's return: mean of the last completed episodes
 
 
 class _SquashedGaussianPPOLoss(ClipPPOLoss):
@@ -91,12 +89,6 @@ def minibatches(
     rows = batch.reshape(n * (t // slice_len), slice_len) if slice_len else batch
     for idx in torch.randperm(rows.batch_size[0]).chunk(num_minibatches):
         yield rows[idx]
-
-
-def _episode_returns(batch: TensorDictBase) -> list[float]:
-    """Returns of the episodes that ended in ``batch`` (``RewardSum`` at their last step)."""
-    done = batch["next", "done"].squeeze(-1)
-    return batch["next", "episode_reward"].squeeze(-1)[done].tolist()
 
 
 class PPOTrainer:
@@ -220,7 +212,7 @@ class PPOTrainer:
             self._set_schedules()
             lr = self.optimizer.param_groups[0]["lr"]
             batch = next_batch(self)
-            returns = _episode_returns(batch)
+            returns = episode_returns(batch)
             self.recent.extend(returns)
             stats = self.update(batch)
             self.batches += 1

@@ -7,11 +7,12 @@ import sys
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 from recurrl.collectors import Collector
 from recurrl.trainers import checkpoint as ckpt
 from recurrl.trainers.cli import main
-from recurrl.trainers.collection import make_collector, next_batch, ray_init_config
+from recurrl.trainers.collection import episode_returns, make_collector, next_batch, ray_init_config
 from recurrl.trainers.config import EnvConfig, RunConfig, TrainConfig
 from recurrl.trainers.dqn import DQNTrainer, EpsilonGreedy
 from recurrl.trainers.evaluate import load_config
@@ -145,3 +146,16 @@ def test_dqn_workers_write_into_the_ray_replay_buffer(ray_session, tmp_path, cap
         trainer.collector.shutdown()
         trainer.buffer.shutdown()
     assert [int(r["frames"]) for r in read_metrics(run_dir)][-2:] == [320, 384]
+
+
+def test_episode_returns_read_at_done_steps():
+    batch = TensorDict(
+        {
+            "next": {
+                "done": torch.tensor([[False, True, False], [False, False, True]]).unsqueeze(-1),
+                "episode_reward": torch.tensor([[1.0, 2.0, 1.0], [1.0, 2.0, 3.0]]).unsqueeze(-1),
+            }
+        },
+        [2, 3],
+    )
+    assert sorted(episode_returns(batch)) == [2.0, 3.0]

@@ -173,3 +173,22 @@ def test_resume_replays_the_uninterrupted_run(tmp_path, capsys, extra):
 def test_a_stop_request_saves_the_batch_and_resume_replays_the_uninterrupted_run(tmp_path, capsys):
     argv = [*TINY, "--checkpoint-every", "100000"]  # the only checkpoint: the stop's, at 128
     check_resume_replays(capsys, tmp_path, argv, DQNTrainer, stop=StopAfterBatches(2))
+
+
+def test_q_network_lives_with_the_models_and_stays_importable_from_dqn():
+    import ast
+    import inspect
+
+    from recurrl.trainers import collection, dqn, evaluate, models, ppo
+
+    for name in ("QNetwork", "EpsilonGreedy", "ObservationNorm"):
+        assert getattr(dqn, name) is getattr(models, name) and name in dqn.__all__
+    assert ppo.RECENT_EPISODES == collection.RECENT_EPISODES
+    # the recipes share setup through collection.py / models.py, not through each other
+    for module, siblings in ((dqn, {"ppo"}), (evaluate, {"dqn", "ppo"}), (ppo, {"dqn"})):
+        imported = {
+            node.module
+            for node in ast.walk(ast.parse(inspect.getsource(module)))
+            if isinstance(node, ast.ImportFrom) and node.module
+        }
+        assert not {f"recurrl.trainers.{s}" for s in siblings} & imported, module.__name__

@@ -8,7 +8,7 @@ from tensordict import TensorDict
 
 from recurrl.trainers.config import ModelConfig
 from recurrl.trainers.models import ActorCritic
-from recurrl.trainers.ppo import _episode_returns, minibatches
+from recurrl.trainers.ppo import minibatches
 
 
 def _grid(n: int, t: int) -> TensorDict:
@@ -29,19 +29,6 @@ def test_minibatches_of_slices_are_contiguous_pieces_of_rows():
     pieces = torch.cat([mb["i"] for mb in mbs])
     assert sorted(pieces.flatten().tolist()) == list(range(24))
     assert (pieces.diff(dim=1) == 1).all() and (pieces[:, 0] % 3 == 0).all()
-
-
-def test_episode_returns_read_at_done_steps():
-    batch = TensorDict(
-        {
-            "next": {
-                "done": torch.tensor([[False, True, False], [False, False, True]]).unsqueeze(-1),
-                "episode_reward": torch.tensor([[1.0, 2.0, 1.0], [1.0, 2.0, 3.0]]).unsqueeze(-1),
-            }
-        },
-        [2, 3],
-    )
-    assert sorted(_episode_returns(batch)) == [2.0, 3.0]
 
 
 def test_actor_critic_keys_and_shared_trunk():
