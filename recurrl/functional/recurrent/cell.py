@@ -144,6 +144,14 @@ class CellKind:
         operator where the kind has one (same numbers, faster)."""
         return self.step_projected(cfg, w, self.project(cfg, w, x), state)
 
+    def fused_cell(
+        self, x: Tensor, state: tuple[Tensor, ...], weights: Sequence[Tensor]
+    ) -> tuple[Tensor, ...] | None:
+        """torch's fused one-step operator on one layer without projection (``weights``: the
+        layer's ``weight_ih, weight_hh[, bias_ih, bias_hh]``), or ``None`` when the kind has
+        none. The acting hot path of one-layer networks."""
+        return None
+
     def fused_sequence(
         self,
         cfg: RNNConfig,
@@ -206,6 +214,9 @@ class LSTMKind(CellKind):
             x, state, w.weight_ih, w.weight_hh, w.bias_ih, w.bias_hh, w.weight_hr
         )
 
+    def fused_cell(self, x, state, weights):
+        return torch.lstm_cell(x, state, *weights)
+
     def fused_sequence(
         self, cfg, weights, x, hx, *, dropout, training, batch_first, num_layers=None
     ):
@@ -238,6 +249,9 @@ class GRUKind(CellKind):
         if fused:
             return (torch.gru_cell(x, state[0], w.weight_ih, w.weight_hh, w.bias_ih, w.bias_hh),)
         return (cells.gru_cell(x, state[0], w.weight_ih, w.weight_hh, w.bias_ih, w.bias_hh),)
+
+    def fused_cell(self, x, state, weights):
+        return (torch.gru_cell(x, state[0], *weights),)
 
     def fused_sequence(
         self, cfg, weights, x, hx, *, dropout, training, batch_first, num_layers=None

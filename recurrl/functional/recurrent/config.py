@@ -50,6 +50,9 @@ class RNNConfig:
 
     def __post_init__(self) -> None:
         kind = get_cell_kind(self.mode)  # ValueError naming the registered kinds
+        # resolved once: the sequential step reads it at every env step (not a field, so
+        # equality, hashing and repr are the fields')
+        object.__setattr__(self, "_kind", kind)
         if self.proj_size and not kind.supports_proj:
             raise ValueError(
                 f"RNNConfig: proj_size={self.proj_size} is not available for the "
@@ -59,8 +62,9 @@ class RNNConfig:
 
     @property
     def kind(self) -> CellKind:
-        """The registered :class:`~recurrl.functional.recurrent.cell.CellKind` of ``mode``."""
-        return get_cell_kind(self.mode)
+        """The registered :class:`~recurrl.functional.recurrent.cell.CellKind` of ``mode``
+        (resolved when the config was made)."""
+        return self._kind
 
     @property
     def gates(self) -> int:

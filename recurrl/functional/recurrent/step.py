@@ -53,6 +53,12 @@ def recurrent_step(
     fused = not python_based and not cfg.proj_size
     if cfg.num_layers == 1:
         # The acting hot path (one step per env step): no per-layer bookkeeping.
+        if fused:
+            out = kind.fused_cell(
+                x, [s[:, 0] for s in states], flat_weights[: cfg.params_per_layer]
+            )
+            if out is not None:
+                return out[0], tuple([s.unsqueeze(1) for s in out])
         w = cfg.layer_weights(flat_weights, 0)
         out = kind.step(cfg, w, x, tuple(s[:, 0] for s in states), fused=fused)
         return out[0], tuple(s.unsqueeze(1) for s in out)
