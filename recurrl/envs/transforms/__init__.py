@@ -6,6 +6,7 @@ from recurrl.envs.transforms.from_module import (
 )
 from recurrl.envs.transforms.init_tracker import InitTracker
 from recurrl.envs.transforms.mask_observation import MaskObservation
+from recurrl.envs.transforms.observation import ObservationTransform
 from recurrl.envs.transforms.one_hot_observation import OneHotObservation
 from recurrl.envs.transforms.previous_action import PreviousAction
 from recurrl.envs.transforms.previous_reward import PreviousReward
@@ -18,6 +19,7 @@ __all__ = [
     "Compose",
     "InitTracker",
     "MaskObservation",
+    "ObservationTransform",
     "OneHotObservation",
     "PreviousAction",
     "PreviousReward",

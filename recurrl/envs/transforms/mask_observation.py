@@ -5,16 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from tensordict import NestedKey, TensorDictBase
+from tensordict import NestedKey
 
-from recurrl.envs.specs import Binary, Bounded, Composite, MultiCategorical, TensorSpec, Unbounded
-from recurrl.envs.transforms._helpers import derive_observation
-from recurrl.envs.transforms.transform import Transform
+from recurrl.envs.specs import Binary, Bounded, MultiCategorical, TensorSpec, Unbounded
+from recurrl.envs.transforms.observation import ObservationTransform
 
 __all__ = ["MaskObservation"]
 
 
-class MaskObservation(Transform):
+class MaskObservation(ObservationTransform):
     """Keep only the entries ``keep`` of the last dim of ``in_key``: a partially observed env.
 
     Turns a fully observed task into a memory task: CartPole with its velocities hidden
@@ -51,24 +50,13 @@ class MaskObservation(Transform):
             )
         if (keep_t < 0).any():
             raise ValueError(f"MaskObservation: expected indices >= 0, received {keep_t.tolist()}.")
-        super().__init__(in_keys=[in_key], out_keys=[in_key if out_key is None else out_key])
+        super().__init__(in_key, out_key)
         self.register_buffer("keep", keep_t.to(torch.int64))
-        self.in_key, self.out_key = in_key, self.out_keys[0]
 
-    def _apply(self, tensordict: TensorDictBase) -> TensorDictBase:
-        value = tensordict.get(self.in_key)
-        tensordict.set(self.out_key, value.index_select(-1, self.keep.to(value.device)))
-        return tensordict
+    def _apply_transform(self, observation: torch.Tensor) -> torch.Tensor:
+        return observation.index_select(-1, self.keep.to(observation.device))
 
-    def _reset(
-        self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
-    ) -> TensorDictBase:
-        return self._apply(tensordict_reset)
-
-    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
-        return self._apply(next_tensordict)
-
-    def _select_spec(self, spec: TensorSpec) -> TensorSpec:
+    def _transform_spec(self, spec: TensorSpec) -> TensorSpec:
         size = spec.shape[-1] if spec.ndim > 0 else 0
         if int(self.keep.max()) >= size:
             raise ValueError(
@@ -90,11 +78,6 @@ class MaskObservation(Transform):
         raise TypeError(
             f"MaskObservation: cannot mask {self.in_key!r} with a {type(spec).__name__} spec; "
             f"supported: Bounded, Unbounded, Binary, MultiCategorical (last dim = features)."
-        )
-
-    def transform_observation_spec(self, observation_spec: Composite) -> Composite:
-        return derive_observation(
-            self, observation_spec, self.in_key, self.out_key, self._select_spec
         )
 
     def extra_repr(self) -> str:

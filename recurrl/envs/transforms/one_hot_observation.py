@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import torch
-from tensordict import NestedKey, TensorDictBase
+from tensordict import NestedKey
 
-from recurrl.envs.specs import Bounded, Categorical, Composite, MultiCategorical, TensorSpec
-from recurrl.envs.transforms._helpers import derive_observation
-from recurrl.envs.transforms.transform import Transform
+from recurrl.envs.specs import Bounded, Categorical, MultiCategorical, TensorSpec
+from recurrl.envs.transforms.observation import ObservationTransform
 
 __all__ = ["OneHotObservation"]
 
 
-class OneHotObservation(Transform):
+class OneHotObservation(ObservationTransform):
     """Write a discrete observation as a float one-hot vector that networks can read.
 
     Gymnasium ``Discrete`` observations (a card's suit, a grid cell) become
@@ -44,39 +43,27 @@ class OneHotObservation(Transform):
     ) -> None:
         if not dtype.is_floating_point:
             raise ValueError(f"OneHotObservation: expected a floating dtype, received {dtype}.")
-        super().__init__(in_keys=[in_key], out_keys=[in_key if out_key is None else out_key])
-        self.in_key, self.out_key, self.dtype = in_key, self.out_keys[0], dtype
+        super().__init__(in_key, out_key)
+        self.dtype = dtype
         self.register_buffer("offsets", None)  # MultiCategorical: start of each entry
         self.size = 0
 
-    def _encode(self, value: torch.Tensor) -> torch.Tensor:
-        index = value.long()
-        if self.offsets is not None:  # MultiCategorical [*B, K] -> [*B, sum(nvec)]
-            index = index + self.offsets.to(index.device)
-        else:
-            index = index.unsqueeze(-1)
-        out = torch.zeros((*index.shape[:-1], self.size), dtype=self.dtype, device=value.device)
-        return out.scatter_(-1, index, 1.0)
-
-    def _apply(self, tensordict: TensorDictBase) -> TensorDictBase:
+    def _apply_transform(self, observation: torch.Tensor) -> torch.Tensor:
         if self.size == 0:
             self._require_parent("encoding (the sizes come from the observation spec)")
             raise ValueError(
                 "OneHotObservation: the sizes are unknown: the observation spec of the env "
                 "was not read yet. Fix: read env.observation_spec (or env.reset()) first."
             )
-        tensordict.set(self.out_key, self._encode(tensordict.get(self.in_key)))
-        return tensordict
+        index = observation.long()
+        if self.offsets is not None:  # MultiCategorical [*B, K] -> [*B, sum(nvec)]
+            index = index + self.offsets.to(index.device)
+        else:
+            index = index.unsqueeze(-1)
+        shape, device = (*index.shape[:-1], self.size), observation.device
+        return torch.zeros(shape, dtype=self.dtype, device=device).scatter_(-1, index, 1.0)
 
-    def _reset(
-        self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
-    ) -> TensorDictBase:
-        return self._apply(tensordict_reset)
-
-    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
-        return self._apply(next_tensordict)
-
-    def _one_hot_spec(self, spec: TensorSpec) -> Bounded:
+    def _transform_spec(self, spec: TensorSpec) -> Bounded:
         if isinstance(spec, Categorical):
             self.size, self.offsets, batch = int(spec.n), None, spec.shape
         elif isinstance(spec, MultiCategorical):
@@ -96,11 +83,6 @@ class OneHotObservation(Transform):
             )
         shape = (*batch, self.size)
         return Bounded(0.0, 1.0, shape=shape, device=spec.device, dtype=self.dtype)
-
-    def transform_observation_spec(self, observation_spec: Composite) -> Composite:
-        return derive_observation(
-            self, observation_spec, self.in_key, self.out_key, self._one_hot_spec
-        )
 
     def extra_repr(self) -> str:
         return f"in_key={self.in_key!r}, out_key={self.out_key!r}, dtype={self.dtype}"

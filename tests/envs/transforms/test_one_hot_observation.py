@@ -57,7 +57,7 @@ def test_multi_categorical_entries_are_concatenated():
     expected = torch.tensor(
         [[1, 0, 1, 0, 0], [0, 1, 0, 0, 1], [1, 0, 0, 1, 0], [0, 1, 1, 0, 0]], dtype=torch.float32
     )
-    assert torch.equal(t._encode(value), expected)
+    assert torch.equal(t._apply_transform(value), expected)
 
 
 def test_categorical_spec_out_key_and_dtype():
@@ -66,7 +66,7 @@ def test_categorical_spec_out_key_and_dtype():
     out = t.transform_observation_spec(spec)
     assert out["observation"] == Categorical(3, shape=(2,))
     assert out["one_hot"] == Bounded(0.0, 1.0, (2, 3), dtype=torch.float64)
-    assert t._encode(torch.tensor([2, 0])).tolist() == [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
+    assert t._apply_transform(torch.tensor([2, 0])).tolist() == [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
 
 
 def test_errors_say_what_is_supported():
