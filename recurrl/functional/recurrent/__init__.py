@@ -260,9 +260,10 @@ def resolve_backend(backend: str, x: Tensor, *, python_based: bool, mode: str = 
         return backend
     if python_based or torch.compiler.is_compiling() or torch._C._functorch.is_batchedtensor(x):
         return "scan"
-    if not get_cell_kind(mode).has_fused_sequence:
+    kind = get_cell_kind(mode)
+    if not kind.has_fused_sequence:
         return "scan"
-    if x.device.type == "cuda" or mode == "lstm":
+    if x.device.type == "cuda" or kind.auto_pad_on_cpu:
         return "pad"
     return "scan"
 

@@ -98,6 +98,8 @@ class CellKind:
         gates: blocks of ``hidden_size`` rows in ``weight_ih``/``weight_hh`` (``G``).
         state_names: one name per state tensor, ``h`` first (``("h", "c")`` for the LSTM).
         supports_proj: whether ``proj_size > 0`` is meaningful (the LSTM only).
+        auto_pad_on_cpu: ``recurrent_backend="auto"`` picks ``pad`` on CPU for this cell
+            (measured faster there than ``scan``: the LSTM); otherwise ``scan`` on CPU.
         pad: what the ``pad`` family's frozen and flush layouts need, or ``None`` when the
             cell cannot be frozen or flushed by saturated gates (``pad`` then runs plain time
             windows, which need :meth:`fused_sequence` or a python runner).
@@ -107,6 +109,7 @@ class CellKind:
     gates: ClassVar[int]
     state_names: ClassVar[tuple[str, ...]] = ("h",)
     supports_proj: ClassVar[bool] = False
+    auto_pad_on_cpu: ClassVar[bool] = False
     pad: ClassVar[PadGates | None] = None
 
     @property
@@ -190,6 +193,7 @@ class LSTMKind(CellKind):
     gates = 4
     state_names = ("h", "c")
     supports_proj = True
+    auto_pad_on_cpu = True
     pad = PadGates(
         freeze={0: -1, 1: +1},  # i == 0, f == 1: c carried (h is read at the last real step)
         flush={0: -1, 1: -1},  # i == f == 0: c == 0, h == o * tanh(0) == 0
