@@ -9,7 +9,7 @@ mid-episode, as in the flat output of ``SliceSampler``). The reference is plain
 says what honouring resets, the TensorDict plumbing and the backend cost on top of the fused
 torch kernel.
 
-Run: ``python benchmarks/recurrent_mode.py [--threads N] [--cpu-time]``
+Run: ``python benchmarks/recurrent_mode.py [--threads N] [--cpu-time] [--hidden H ...] [--steps T]``
 """
 
 from __future__ import annotations
@@ -157,10 +157,12 @@ def run_layouts(hidden_sizes: list[int], rounds: int, clock=time.perf_counter) -
 
 
 def main() -> None:
+    global T
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--hidden", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=64, help="sequence length T (default 64)")
     parser.add_argument(
         "--cpu-time",
         action="store_true",
@@ -173,6 +175,7 @@ def main() -> None:
         help="instead: pad's two fused layouts (flush steps, piece-grid windows), backend alone",
     )
     args = parser.parse_args()
+    T = args.steps
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.cpu_time and torch.get_num_threads() != 1:
