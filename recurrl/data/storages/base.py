@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
 from recurrl.data._files import load_state_file, load_tensordict
@@ -185,6 +185,7 @@ class Storage:
     def _set_data(self, data: TensorDictBase | None) -> None:
         self._data = data
         self._leaves = {} if data is None else dict(data.items(True, True))
+        self._gather_plan = None if data is None else _gather_plan(data)
 
     def _mismatch(self, data: TensorDictBase) -> str:
         return (
@@ -198,7 +199,25 @@ class Storage:
         return self._leaves.get(key)
 
     def get(self, index: Index) -> TensorDictBase:
-        """Read the steps at ``index``: a TensorDict of batch ``[n]``."""
+        """Read the steps at ``index``: a TensorDict of batch ``[n]``.
+
+        A ``[n]`` int64 tensor of positions (what samplers return) is read with one
+        ``index_select`` per stored tensor, into a TensorDict built without re-validating
+        the stored layout; the result equals ``storage.data[index]``. Any other index, and a
+        layout this does not cover (names, non-tensor leaves, nested batch dims), goes
+        through ``storage.data[index]``.
+        """
+        plan = self._gather_plan
+        if plan is not None and type(index) is Tensor and index.dim() == 1 \
+                and index.dtype == torch.int64:  # fmt: skip
+            if index.device != self.device:
+                index = index.to(self.device)
+            try:
+                source = _gather(plan, index)
+            except IndexError:  # negative or out-of-range: the generic path's rules/error
+                return self.data[index]
+            return TensorDict._new_unsafe(source, batch_size=torch.Size([index.numel()]),
+                                          device=self._data.device)  # fmt: skip
         return self.data[index]
 
     # -- persistence ---------------------------------------------------------------------
@@ -261,6 +280,35 @@ class Storage:
                 f"received {list(data.batch_size)}; fix: load into a storage built with "
                 f"max_size={data.batch_size[0]}."
             )
+
+
+def _gather_plan(td: TensorDictBase) -> list | None:
+    """The stored tensors of ``td`` as a nested ``[(key, tensor or sub-plan)]`` list for
+    :meth:`Storage.get`'s per-tensor gather, or ``None`` where ``td[index]`` must be used:
+    anything but plain ``TensorDict`` / ``torch.Tensor`` entries (memory-mapped tensors,
+    non-tensor data, lazy stacks), dimension names, nested batch dims beyond the storage's,
+    empty nested TensorDicts."""
+    if type(td) is not TensorDict or td._has_names() or not len(td._tensordict):
+        return None
+    plan = []
+    for key, value in td._tensordict.items():
+        if type(value) is Tensor:
+            plan.append((key, value))
+        elif type(value) is TensorDict and value.batch_size == td.batch_size:
+            sub = _gather_plan(value)
+            if sub is None:
+                return None
+            plan.append((key, sub))
+        else:
+            return None
+    return plan
+
+
+def _gather(plan: list, index: Tensor) -> dict:
+    return {
+        key: value.index_select(0, index) if type(value) is Tensor else _gather(value, index)
+        for key, value in plan
+    }
 
 
 def _layout(td: TensorDictBase) -> dict:

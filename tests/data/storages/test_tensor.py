@@ -146,3 +146,42 @@ def test_ndim2_errors_name_the_fix(make):
     with pytest.raises(ValueError, match="T=4"):
         rb.extend(rows(1, 3))
     assert len(rb) == 4
+
+
+def _assert_same_td(got, want) -> None:
+    assert type(got) is type(want) and got.batch_size == want.batch_size
+    assert got.device == want.device
+    assert set(got.keys(True)) == set(want.keys(True))
+    for key, value in want.items(True, True):
+        assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
+
+
+@pytest.mark.parametrize("capacity", [1, 7, 50])
+def test_get_by_positions_equals_indexing_the_stored_tensordict(make, capacity):
+    """get() of [n] int64 positions (one gather per stored tensor) returns what indexing
+    storage.data returns; other indices, negative and out-of-range positions keep the
+    indexing rules and errors."""
+    storage = make(capacity)
+    storage.set(slice(0, capacity), steps(capacity))
+    g = torch.Generator().manual_seed(capacity)
+    for n in (0, 1, 5, 3 * capacity):
+        index = torch.randint(capacity, (n,), generator=g)
+        _assert_same_td(storage.get(index), storage.data[index])
+    others = (torch.tensor([-1, 0]), torch.tensor([0, capacity - 1], dtype=torch.int32),
+              slice(0, capacity), capacity - 1, torch.ones(capacity, dtype=torch.bool))  # fmt: skip
+    for index in others:
+        _assert_same_td(storage.get(index), storage.data[index])
+    with pytest.raises(IndexError):
+        storage.data[torch.tensor([capacity])]
+    with pytest.raises(IndexError):
+        storage.get(torch.tensor([capacity]))
+
+
+def test_get_falls_back_to_indexing_for_layouts_it_does_not_gather():
+    storage = LazyTensorStorage(6)
+    storage.set(slice(0, 6), steps(6))
+    assert storage._gather_plan is not None
+    storage._set_data(storage.data.refine_names("t"))  # names: td[index] keeps them
+    assert storage._gather_plan is None
+    got = storage.get(torch.tensor([3, 1]))
+    assert got.names == ["t"] and torch.equal(got["x"], storage.data["x"][[3, 1]])
