@@ -222,13 +222,18 @@ class ReplayBuffer:
                 f"{type(self).__name__}.sample: expected a batch_size, received none; fix: "
                 "pass sample(batch_size) or build the buffer with batch_size=."
             )
-        index, info = self.sampler.sample(self.storage, batch_size)
-        data = self.storage.get(index)
-        mask = info.get(MASK_KEY)
-        if mask is not None:  # padding: finite zeros, not copies of real steps
-            data = data.masked_fill(~mask, 0)
-        for key, value in info.items():
-            data.set(key, value)
+        if _fused_marks(self.sampler):  # the same batch, the stored flags read once
+            index, is_start, is_end, mask = self.sampler._draw(self.storage, batch_size)
+            data = self.storage.get(index)
+            data, info = self.sampler._mark_sampled(self.storage, data, is_start, is_end, mask)
+        else:
+            index, info = self.sampler.sample(self.storage, batch_size)
+            data = self.storage.get(index)
+            mask = info.get(MASK_KEY)
+            if mask is not None:  # padding: finite zeros, not copies of real steps
+                data = data.masked_fill(~mask, 0)
+            for key, value in info.items():
+                data.set(key, value)
         data = self._finish(data, index)
         if self.collate_fn is not None:
             data = self.collate_fn(data)
@@ -286,6 +291,18 @@ class ReplayBuffer:
         self.storage.loads(path / "storage")
         self.writer.load_state_dict(state["writer"])
         self.sampler.load_state_dict(state["sampler"])
+
+
+def _fused_marks(sampler: Sampler) -> bool:
+    """Whether :meth:`ReplayBuffer.sample` may mark a slice sampler's batch itself
+    (``SliceSampler._draw`` + ``_mark_sampled``): only when ``sample`` and ``_marks`` are
+    :class:`SliceSampler`'s own, so a subclass overriding either keeps its override."""
+    cls = type(sampler)
+    return (
+        isinstance(sampler, SliceSampler)
+        and cls.sample is SliceSampler.sample
+        and cls._marks is SliceSampler._marks
+    )
 
 
 def _env_transform_base(obj) -> type | None:

@@ -268,6 +268,7 @@ class SliceSampler(Sampler):
         self._tail: int | bool | None = None  # id / done flag of the newest step
         self._synced = 0  # storage.write_count the segments describe
         self._table: tuple | None = None  # (cache key, counts, cumulative counts, offsets)
+        self._edges: tuple | None = None  # ((M, L), is_start, is_end) of whole slices
         self._perm: Tensor | None = None  # without replacement: the epoch's start ranks
         self._epoch_key = None
         self._used = 0
@@ -511,10 +512,10 @@ class SliceSampler(Sampler):
         key = (segments.version, slice_len, self.strict_length, right, left)
         if self._table is None or self._table[0] != key:
             lo = 0 if left is None else -(slice_len - left)
-            counts = segments.lengths - right - lo + 1
-            short = counts <= 0
+            counts = segments.lengths - (right + lo - 1)
             # A segment with no valid window: skipped (strict_length) or one whole slice.
-            offsets = np.where(short, 0, lo).astype(np.int64)
+            # Offsets are all 0 without a left span (None: nothing to add when locating).
+            offsets = None if lo == 0 else np.where(counts <= 0, 0, lo).astype(np.int64)
             np.maximum(counts, 0 if self.strict_length else 1, out=counts)
             self._table = (key, counts, np.cumsum(counts), offsets)
         return self._table[1], self._table[2]
@@ -524,7 +525,9 @@ class SliceSampler(Sampler):
         _, counts, cum, offsets = self._table
         ranks = ranks.numpy()
         seg = np.searchsorted(cum, ranks, side="right")
-        window = ranks - cum[seg] + counts[seg] + offsets[seg]  # offset o in its segment
+        window = ranks - cum[seg] + counts[seg]  # offset o in its segment
+        if offsets is not None:
+            window += offsets[seg]
         first = np.maximum(window, 0)
         length = np.minimum(window + slice_len, segments.lengths[seg]) - first
         start = (segments.starts[seg] + first) % segments.capacity
@@ -532,6 +535,13 @@ class SliceSampler(Sampler):
 
     # -- sampling ------------------------------------------------------------------------
     def sample(self, storage: Storage, batch_size: int) -> tuple[Tensor, dict]:
+        index, is_start, is_end, mask = self._draw(storage, batch_size)
+        return index, self._marks(storage, index, is_start, is_end, mask)
+
+    def _draw(self, storage: Storage, batch_size: int):
+        """``(index [n], is_start [n], is_end [n], mask [n] or None)`` of one batch: the
+        positions to read and where the marks go (what :meth:`sample` turns into ``info``
+        by reading the stored flags at ``index``)."""
         self._check_nonempty(storage, type(self).__name__)
         num_slices, slice_len = self.slice_shape(batch_size)
         segments = self._sync(storage)
@@ -570,7 +580,15 @@ class SliceSampler(Sampler):
         return ranks
 
     def _slices(self, storage: Storage, start: Tensor, length: Tensor, slice_len: int):
-        """Index and marks of slices starting at ``start`` with ``length`` real steps."""
+        """Index, start / end flags and padding mask of slices starting at ``start`` with
+        ``length`` real steps."""
+        if self.strict_length and self.span is None and not self.fragmented:
+            # Whole slices of the ring (the default): every length is slice_len, so the
+            # flags are one fixed pattern per shape, and the positions need one wrap.
+            pos = start.numpy()[:, None] + np.arange(slice_len)  # [M, L], < 2 * max_size
+            np.subtract(pos, storage.max_size, out=pos, where=pos >= storage.max_size)
+            is_start, is_end = self._edge_flags(start.numel(), slice_len)
+            return torch.from_numpy(pos.reshape(-1)), is_start, is_end, None
         steps = torch.arange(slice_len)
         if self.fragmented:  # start indexes the (id, step) order, not the ring
             packed = (start.unsqueeze(-1) + steps).clamp_max(self._order.numel() - 1)
@@ -593,8 +611,16 @@ class SliceSampler(Sampler):
         else:
             real = steps < lengths
             index, is_start, is_end = pos[real], is_start[real], is_end[real]
-        info = self._marks(storage, index, is_start, is_end, mask)
-        return index, info
+        return index, is_start, is_end, mask
+
+    def _edge_flags(self, num_slices: int, slice_len: int) -> tuple[Tensor, Tensor]:
+        """``[M * L]`` bool flags of the first / last step of ``M`` whole slices of ``L``
+        steps, cached per shape (read-only: the marks OR them into new tensors, and copy
+        them where they are stored as they are)."""
+        if self._edges is None or self._edges[0] != (num_slices, slice_len):
+            steps = torch.arange(slice_len).expand(num_slices, slice_len).reshape(-1)
+            self._edges = ((num_slices, slice_len), steps == 0, steps == slice_len - 1)
+        return self._edges[1], self._edges[2]
 
     def _marks(self, storage: Storage, index: Tensor, is_start: Tensor, is_end: Tensor,
                mask: Tensor | None) -> dict:  # fmt: skip
@@ -612,11 +638,41 @@ class SliceSampler(Sampler):
             elif key is None or i == 0:
                 continue  # not marked / the data has no init flags: nothing to mark
             else:
-                value = flag.unsqueeze(-1)
+                value = flag.unsqueeze(-1).clone()  # the flags may be a cached pattern
             info[key] = value
         if mask is not None:
             info[MASK_KEY] = mask
         return info
+
+    def _mark_sampled(
+        self, storage: Storage, data: TensorDictBase, is_start: Tensor, is_end: Tensor,
+        mask: Tensor | None,
+    ) -> tuple[TensorDictBase, dict]:  # fmt: skip
+        """The replay buffer's fused path: what :meth:`sample`'s ``info`` holds and the
+        buffer then writes into ``data = storage.get(index)`` (padding zeroed first),
+        computed from the flags already read into ``data`` instead of reading them from
+        the storage a second time. Returns the marked ``data`` and ``info``."""
+        if storage.device.type != "cpu":
+            is_start, is_end = is_start.to(storage.device), is_end.to(storage.device)
+            mask = None if mask is None else mask.to(storage.device)
+        if mask is not None:  # padding: finite zeros, not copies of real steps
+            data = data.masked_fill(~mask, 0)
+        info: dict = {}
+        marks = [(self.init_key, is_start), (self.truncated_key, is_end), (DONE_KEY, is_end)]
+        for i, (key, flag) in enumerate(marks):
+            if key is not None and storage.leaf(key) is not None:
+                value = data.get(key)
+                value = value | flag.view(-1, *([1] * (value.dim() - 1)))
+            elif key is None or i == 0:
+                continue  # not marked / the data has no init flags: nothing to mark
+            else:
+                value = flag.unsqueeze(-1).clone()  # the flags may be a cached pattern
+            data.set(key, value)
+            info[key] = value
+        if mask is not None:
+            data.set(MASK_KEY, mask)
+            info[MASK_KEY] = mask
+        return data, info
 
     # -- persistence ---------------------------------------------------------------------
     def state_dict(self) -> dict:
