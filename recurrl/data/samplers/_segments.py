@@ -72,40 +72,42 @@ class Segments:
                 f"Segments.append: expected at most capacity={self.capacity} steps, received "
                 f"{n}; fix: keep only the last `capacity` steps before writing."
             )
-        self._drop_oldest(max(0, self.total + n - self.capacity))
-        continues = continues and self.lengths.size > 0
+        dropped = min(max(0, self.total + n - self.capacity), self.total)
+        whole, cut = self._oldest_cut(dropped)
+        kept = self.lengths.size - whole  # old segments that keep at least one step
+        continues = continues and kept > 0
         first = np.flatnonzero(flags[1:]) + 1  # segment starts after the first step
         if not continues:
             first = np.concatenate([np.zeros(1, dtype=np.int64), first])
         bounds = np.append(first, n)
-        new_starts = (first + self.cursor) % self.capacity
-        new_lengths = np.diff(bounds)
-        lengths = self.lengths
-        if continues:  # the steps before the first start extend the newest segment
-            lengths = lengths.copy()
-            lengths[-1] += bounds[0]
-        self.starts = np.concatenate([self.starts, new_starts])
-        self.lengths = np.concatenate([lengths, new_lengths])
-        self.total += n
+        new_starts = first + self.cursor
+        new_starts[new_starts >= self.capacity] -= self.capacity
+        # One copy of the kept segments and the new ones (O(S) numpy work per write, no
+        # rescan of the stored steps), then the two edits in the copy.
+        starts = np.concatenate([self.starts[whole:], new_starts])
+        lengths = np.concatenate([self.lengths[whole:], np.diff(bounds)])
+        if kept and cut:  # the oldest kept segment loses its first `cut` steps
+            starts[0] = (starts[0] + cut) % self.capacity
+            lengths[0] -= cut
+        if continues:  # the steps before the first start extend the newest old segment
+            lengths[kept - 1] += bounds[0]
+        self.starts, self.lengths = starts, lengths
+        self.total = self.total - dropped + n
         self.cursor = (self.cursor + n) % self.capacity
         self.version += 1
 
-    def _drop_oldest(self, count: int) -> None:
-        """Forget the ``count`` oldest steps (they are about to be overwritten)."""
+    def _oldest_cut(self, count: int) -> tuple[int, int]:
+        """``(whole, cut)``: forgetting the ``count`` oldest steps (about to be overwritten)
+        drops the ``whole`` oldest segments and the first ``cut`` steps of the next one."""
         if count <= 0:
-            return
+            return 0, 0
         if count >= self.total:
-            self.starts, self.lengths = self.starts[:0], self.lengths[:0]
-            self.total = 0
-            return
-        cum = np.cumsum(self.lengths)
+            return self.lengths.size, 0
+        # Every segment holds at least one step: the dropped ones are among the first
+        # count + 1, so only those are summed (not all S).
+        cum = np.cumsum(self.lengths[: count + 1])
         whole = int(np.searchsorted(cum, count, side="right"))
-        starts, lengths = self.starts[whole:].copy(), self.lengths[whole:].copy()
-        cut = count - (int(cum[whole - 1]) if whole else 0)
-        starts[0] = (starts[0] + cut) % self.capacity
-        lengths[0] -= cut
-        self.starts, self.lengths = starts, lengths
-        self.total -= count
+        return whole, count - (int(cum[whole - 1]) if whole else 0)
 
     @classmethod
     def from_flags(cls, capacity: int, start_flag: Tensor | np.ndarray, oldest: int) -> Segments:

@@ -72,3 +72,27 @@ def test_partial_overwrite_of_the_oldest_segment_and_state_dict():
     other = Segments(1)
     other.load_state_dict(seg.state_dict())
     assert _pairs(other) == _pairs(seg) and other.cursor == 3 and other.total == 5
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_append_equals_a_rescan_of_the_flags_written(seed):
+    """Appending runs of 1..capacity steps (dropping whole and partial oldest segments,
+    continuing the newest one or not) gives the segments that a rescan of the last
+    ``capacity`` start flags gives."""
+    rng = np.random.default_rng(seed)
+    capacity = int(rng.integers(1, 40))
+    seg, history = Segments(capacity), np.zeros(0, dtype=bool)
+    for _ in range(60):
+        n = int(rng.choice([1, rng.integers(1, capacity + 1), capacity]))
+        flags = rng.random(n) < rng.choice([0.05, 0.3, 0.9])
+        continues = bool(rng.random() < 0.5)
+        seg.append(flags, continues=continues)
+        flags = flags.copy()
+        flags[0] = not continues or history.size == 0
+        history = np.concatenate([history, flags])
+        held = history[-capacity:].copy()
+        held[0] = True  # the oldest held step starts a segment
+        oldest = (history.size - held.size) % capacity
+        want = Segments.from_flags(capacity, held, oldest)
+        assert _pairs(seg) == _pairs(want)
+        assert (seg.total, seg.cursor) == (held.size, history.size % capacity)
