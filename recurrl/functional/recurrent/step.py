@@ -10,7 +10,49 @@ from torch import Tensor
 
 from recurrl.functional.recurrent.config import RNNConfig
 
-__all__ = ["recurrent_step"]
+__all__ = ["recurrent_step", "single_layer_step"]
+
+
+def single_layer_step(
+    cfg: RNNConfig,
+    flat_weights: Sequence[Tensor],
+    x: Tensor,
+    state: Sequence[Tensor],
+    *,
+    fused: bool,
+) -> tuple[Tensor, ...]:
+    """One step of a one-layer network on ``[N, S]`` states: the new states, ``h`` first.
+
+    The kind's fused one-step operator when ``fused`` and the kind has one (the acting hot
+    path), else :meth:`~recurrl.functional.recurrent.cell.CellKind.step`; no per-layer
+    bookkeeping. :func:`recurrent_step` runs one-layer networks through it, and so does the
+    modules' sequential step.
+
+    Args:
+        cfg: the network description (``num_layers == 1``).
+        flat_weights: parameters in ``torch.nn.LSTM._flat_weights`` order.
+        x: ``[N, F]`` input.
+        state: each ``[N, S]``.
+        fused: torch's fused cell operators (not with an LSTM projection, which they lack).
+
+    Returns:
+        The new states, each ``[N, S]``; the output is the first (``h``).
+
+    Examples:
+        >>> import torch
+        >>> cell = torch.nn.GRUCell(3, 4)
+        >>> x, h = torch.randn(5, 3), torch.randn(5, 4)
+        >>> weights = [cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh]
+        >>> (h1,) = single_layer_step(RNNConfig("gru", 3, 4), weights, x, [h], fused=True)
+        >>> torch.equal(h1, cell(x, h))
+        True
+    """
+    kind = cfg.kind
+    if fused:
+        out = kind.fused_cell(x, state, flat_weights[: cfg.params_per_layer])
+        if out is not None:
+            return out
+    return kind.step(cfg, cfg.layer_weights(flat_weights, 0), x, tuple(state), fused=fused)
 
 
 def recurrent_step(
@@ -53,15 +95,8 @@ def recurrent_step(
     fused = not python_based and not cfg.proj_size
     if cfg.num_layers == 1:
         # The acting hot path (one step per env step): no per-layer bookkeeping.
-        if fused:
-            out = kind.fused_cell(
-                x, [s[:, 0] for s in states], flat_weights[: cfg.params_per_layer]
-            )
-            if out is not None:
-                return out[0], tuple([s.unsqueeze(1) for s in out])
-        w = cfg.layer_weights(flat_weights, 0)
-        out = kind.step(cfg, w, x, tuple(s[:, 0] for s in states), fused=fused)
-        return out[0], tuple(s.unsqueeze(1) for s in out)
+        out = single_layer_step(cfg, flat_weights, x, [s[:, 0] for s in states], fused=fused)
+        return out[0], tuple([s.unsqueeze(1) for s in out])
     new: list[tuple[Tensor, ...]] = []
     layer_in = x
     for layer in range(cfg.num_layers):
