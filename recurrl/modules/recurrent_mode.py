@@ -17,6 +17,11 @@ __all__ = ["recurrent_mode", "set_recurrent_mode"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _local = threading.local()
+# set_recurrent_mode blocks open in all threads: while there are none, which is the case of
+# a policy acting in an env, the mode is known without reading the thread-local stack (the
+# read costs about as much as the rest of the module's dispatch)
+_open_blocks = 0
+_open_lock = threading.Lock()
 
 _NAMES = {"recurrent": True, "sequential": False}
 
@@ -33,6 +38,8 @@ def _parse_mode(mode: bool | str) -> bool:
 
 def _current() -> bool | None:
     """The mode set in this thread, or ``None`` when no ``set_recurrent_mode`` is active."""
+    if not _open_blocks:
+        return None
     stack = getattr(_local, "stack", None)
     return stack[-1] if stack else None
 
@@ -80,6 +87,11 @@ class set_recurrent_mode:
         self.mode = _parse_mode(mode)
 
     def __enter__(self) -> set_recurrent_mode:
+        global _open_blocks
+        # counted before the push and after the pop: a thread whose stack holds a mode
+        # always sees a non-zero count
+        with _open_lock:
+            _open_blocks += 1
         stack = getattr(_local, "stack", None)
         if stack is None:
             stack = _local.stack = []
@@ -87,7 +99,10 @@ class set_recurrent_mode:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        global _open_blocks
         _local.stack.pop()
+        with _open_lock:
+            _open_blocks -= 1
 
     def __call__(self, func: _F) -> _F:
         mode = self.mode

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import threading
 
 import pytest
@@ -69,6 +70,26 @@ def test_exception_inside_block_restores_mode():
     with pytest.raises(RuntimeError), set_recurrent_mode(True):
         raise RuntimeError("boom")
     assert recurrent_mode() is False
+
+
+def test_open_block_count_returns_to_zero():
+    """The count that lets the module skip the thread-local read: back to 0 after nested
+    blocks, an exception and a block in another thread, and never 0 inside a block."""
+    # the submodule (recurrl.modules.recurrent_mode is also the name of a function)
+    rm = importlib.import_module("recurrl.modules.recurrent_mode")
+    assert rm._open_blocks == 0 and rm._current() is None
+    with set_recurrent_mode(True), set_recurrent_mode(False):
+        assert rm._open_blocks == 2 and rm._current() is False
+    with pytest.raises(RuntimeError), set_recurrent_mode(True):
+        assert rm._open_blocks == 1
+        raise RuntimeError("boom")
+    assert _in_thread(lambda: _with_mode_in_block(rm)) == (1, True)
+    assert rm._open_blocks == 0 and rm._current() is None
+
+
+def _with_mode_in_block(rm):
+    with set_recurrent_mode(True):
+        return rm._open_blocks, rm._current()
 
 
 def test_decorator():
