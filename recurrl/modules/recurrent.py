@@ -34,6 +34,7 @@ from recurrl.functional.recurrent import (
     recurrent_unroll,
 )
 from recurrl.modules._arg_docs import complete_arguments_doc
+from recurrl.modules._fast_step import StepPlan, fast_step
 from recurrl.modules.recurrent_mode import _current
 
 __all__ = ["RecurrentModule"]
@@ -329,6 +330,7 @@ class RecurrentModule(TensorDictModuleBase):
         self.python_based = python_based
         self._cfg = self.config
         self._step_shape_cache: dict[torch.Size, tuple[Any, ...]] = {}
+        self._step_plan: StepPlan | None = None
 
     # ------------------------------------------------------------------ public API
     @property
@@ -520,9 +522,17 @@ class RecurrentModule(TensorDictModuleBase):
         (sequential: ``is_init`` True; recurrent: ``is_init`` True at the row's first step),
         and raises ``KeyError`` otherwise.
         """
+        mode = _current()  # self.recurrent_mode, inlined: this runs at every env step
+        recurrent = self.default_recurrent_mode if mode is None else mode
+        if type(tensordict) is TensorDict and not recurrent and self._step_shortcuts:
+            # the usual sequential call: the fast path, unless it declines
+            out = fast_step(self, tensordict)
+            if out is not None:
+                return out
+            return self._step_checked(tensordict)
         if tensordict is None or isinstance(tensordict, Tensor):
             return self._forward_tensors(tensordict, args, kwargs)
-        if self.recurrent_mode:
+        if recurrent:
             return self._forward_sequence(tensordict)
         return self._forward_step(tensordict)
 
@@ -710,6 +720,10 @@ class RecurrentModule(TensorDictModuleBase):
             states.append(value if value.dtype == like.dtype else value.to(like.dtype))
         return tuple(states)
 
+    #: False runs every sequential step through the validating readers (the oracle the
+    #: shortcuts are tested against): no fast path, no usual-input shortcut in _read_step
+    _step_shortcuts: ClassVar[bool] = True
+
     def _step_shapes(self, batch: torch.Size) -> tuple[Any, ...]:
         """Expected shapes of one step's input, ``is_init`` and states for ``batch``, cached
         (they depend on the batch and the network sizes only)."""
@@ -740,7 +754,8 @@ class RecurrentModule(TensorDictModuleBase):
         is_init = td.get(IS_INIT_KEY, None)
         states = tuple(td.get(key, None) for key in self.in_keys[1:-1])
         usual = (
-            x is not None
+            self._step_shortcuts
+            and x is not None
             and is_init is not None
             and x.shape == x_shape
             and x.dtype == dtype
@@ -761,6 +776,16 @@ class RecurrentModule(TensorDictModuleBase):
         return x, is_init.reshape(n), *states
 
     def _forward_step(self, td: TensorDictBase) -> TensorDictBase:
+        # the usual call (a plain TensorDict with the expected entries) takes the fast path;
+        # anything else, or a fast path that declines, the checked one
+        if type(td) is TensorDict and self._step_shortcuts:
+            out = fast_step(self, td)
+            if out is not None:
+                return out
+        return self._step_checked(td)
+
+    def _step_checked(self, td: TensorDictBase) -> TensorDictBase:
+        """The sequential step through the readers that convert and check every entry."""
         batch = td.batch_size
         weights = self._flat_weights()
         x, is_init, *states = self._read_step(td, batch, weights[0].dtype)

@@ -1,0 +1,246 @@
+"""The sequential step's fast path: one call of a recurrent module on a plain ``TensorDict``.
+
+A policy acting in an env calls its recurrent module once per env step on a small batch,
+where the cell itself costs a few tens of µs and everything around it (TensorDict reads
+and writes, shape checks, reshapes) used to cost as much again. :func:`fast_step` runs the
+usual call, a ``TensorDict`` (not a subclass or a lazy stack) whose input, ``is_init`` and
+states are plain tensors of the expected shapes and dtypes, with:
+
+* the per-module facts (keys, which of them are plain strings, the network's sizes, whether
+  one fused cell operator runs the step) gathered once in a :class:`StepPlan`, and the
+  per-batch shapes cached in it;
+* plain-string keys read from the TensorDict's dict, and outputs written with tensordict's
+  ``_set_str(..., validated=True)`` after the checks its validation would make (leading dims
+  equal to the batch size by construction, same device), so a locked TensorDict still
+  raises tensordict's own error;
+* one-layer networks stepped on ``[N, S]`` states with the reset applied there
+  (:func:`~recurrl.functional.recurrent.step.single_layer_step`), without the
+  ``[N, 1, S]`` round trip of :func:`~recurrl.functional.recurrent.recurrent_step`.
+
+Anything else returns ``None`` before writing anything, and the module takes its checked
+path (:meth:`RecurrentModule._step_checked`), which converts what it can and raises the
+documented errors. Both give identical TensorDicts (``tests/modules/test_fast_step.py``).
+"""
+
+from __future__ import annotations
+
+from operator import methodcaller
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tensordict import TensorDict
+from torch import Tensor
+
+from recurrl.functional.recurrent import RNNConfig, recurrent_step
+from recurrl.functional.recurrent.step import single_layer_step
+
+if TYPE_CHECKING:
+    from recurrl.modules.recurrent import RecurrentModule
+
+__all__ = ["StepPlan", "fast_step"]
+
+_BOOL = torch.bool
+# map with C-level callables instead of comprehensions, which cost a function frame each on
+# Python < 3.12 (a few tenths of a µs each, on a call of a few tens of µs)
+_LAYER_0 = methodcaller("select", -2, 0)
+_ADD_LAYER = methodcaller("unsqueeze", -2)
+
+
+class StepPlan:
+    """What :func:`fast_step` needs of a module, derived from its keys and network once.
+
+    Rebuilt when the module's config (``_cfg``), ``python_based`` or keys change (compared at
+    every call: the keys are assignable lists).
+    """
+
+    __slots__ = (
+        "batches", "cfg", "fused", "in_keys", "kind", "next_keys", "out_key", "out_keys",
+        "params", "plain_in", "python_based", "single_layer", "state_keys", "x_key",
+    )  # fmt: skip
+
+    def __init__(self, module: RecurrentModule, cfg: RNNConfig) -> None:
+        self.cfg = cfg
+        self.python_based = module.python_based
+        self.in_keys = list(module._in_keys)
+        self.out_keys = list(module._out_keys)
+        #: input and state keys (``is_init`` is read by name)
+        self.x_key = self.in_keys[0]
+        self.state_keys = tuple(self.in_keys[1:-1])
+        #: all of them plain strings: read from the TensorDict's dict
+        self.plain_in = all(type(k) is str for k in self.in_keys)
+        self.out_key = self.out_keys[0]
+        #: the state outputs' names inside ``"next"``, or ``None`` if one is not a plain
+        #: ``("next", name)`` key (they are then written with ``td.set``)
+        names = [
+            k[1] if type(k) is tuple and len(k) == 2 and k[0] == "next" else None
+            for k in self.out_keys[1:]
+        ]
+        self.next_keys = None if None in names else tuple(names)
+        self.single_layer = cfg.num_layers == 1
+        self.fused = not self.python_based and not cfg.proj_size
+        self.kind = cfg.kind
+        self.params = cfg.params_per_layer
+        #: per batch size, see :meth:`shapes`
+        self.batches: dict[torch.Size, tuple[Any, ...]] = {}
+
+    def shapes(self, batch: torch.Size) -> tuple[Any, ...]:
+        """For a batch size: the expected shapes of the input, ``is_init`` and the states,
+        ``N``, whether the batch is ``[N]``, and the shapes of the output and new states."""
+        shapes = self.batches.get(batch)
+        if shapes is None:
+            cfg = self.cfg
+            state_shapes = tuple((*batch, cfg.num_layers, size) for size in cfg.state_sizes)
+            shapes = (
+                (*batch, cfg.input_size),
+                (*batch, 1),
+                state_shapes,
+                batch.numel(),
+                len(batch) == 1,
+                (*batch, cfg.proj_size or cfg.hidden_size),
+                state_shapes,
+            )
+            self.batches[batch] = shapes
+        return shapes
+
+
+def _plan(module: RecurrentModule) -> StepPlan:
+    """The module's plan, rebuilt if its config, ``python_based`` or keys changed."""
+    # what module._current_config() does, inlined (this runs at every env step)
+    cfg = module._cfg
+    if cfg.dropout != module._modules[module._rnn_name].dropout:
+        cfg = module._current_config()
+    plan = module._step_plan
+    if (
+        plan is None
+        or plan.cfg is not cfg
+        or plan.python_based != module.python_based
+        or plan.in_keys != module._in_keys
+        or plan.out_keys != module._out_keys
+    ):
+        plan = module._step_plan = StepPlan(module, cfg)
+    return plan
+
+
+def _read(
+    plan: StepPlan, td: TensorDict, shapes: tuple[Any, ...], dtype: torch.dtype
+) -> tuple[Tensor, Tensor, list[Tensor]] | None:
+    """Input, ``is_init`` and states when all are plain tensors of the expected shapes and
+    dtypes (``dtype`` the parameters') on the TensorDict's device, else ``None``."""
+    entries = td._tensordict
+    if plan.plain_in:
+        x = entries.get(plan.x_key)
+        states = list(map(entries.get, plan.state_keys))
+    else:
+        x = td.get(plan.x_key, None)
+        states = [td.get(key, None) for key in plan.state_keys]
+    is_init = entries.get("is_init")
+    if (
+        type(x) is not Tensor
+        or x.shape != shapes[0]
+        or x.dtype != dtype
+        or type(is_init) is not Tensor
+        or is_init.shape != shapes[1]
+        or is_init.dtype != _BOOL
+    ):
+        return None
+    for s, shape in zip(states, shapes[2]):  # as many (both come from the plan)
+        if type(s) is not Tensor or s.shape != shape or s.dtype != dtype:
+            return None
+    device = td._device
+    if device is not None and x.device != device:
+        return None
+    return x, is_init, states
+
+
+def _one_layer(
+    plan: StepPlan, weights: list[Tensor], x: Tensor, is_init: Tensor, states: list[Tensor],
+    shapes: tuple[Any, ...],
+) -> tuple[Tensor, list[Tensor]]:  # fmt: skip
+    """A one-layer step on ``[N, S]`` states: the reset mask ``[N, 1]`` broadcasts over the
+    features, and the states need no ``[N, 1, S]`` round trip."""
+    _, _, state_shapes, n, flat, y_shape, out_shapes = shapes
+    if flat:
+        mask = is_init
+        states = list(map(_LAYER_0, states))
+    else:
+        x = x.reshape(n, x.shape[-1])
+        mask = is_init.reshape(n, 1)
+        states = [s.reshape(n, shape[-1]) for s, shape in zip(states, state_shapes)]
+    # skipping the reset when nothing restarts is free on CPU only (elsewhere the question
+    # costs a device synchronisation), as in the checked path
+    if not mask.is_cpu or bool(mask.any()):
+        states = list(map(methodcaller("masked_fill", mask, 0), states))
+    # single_layer_step, inlined
+    new = plan.kind.fused_cell(x, states, weights[: plan.params]) if plan.fused else None
+    if new is None:
+        new = single_layer_step(plan.cfg, weights, x, states, fused=plan.fused)
+    y = new[0]
+    if flat:
+        return y, list(map(_ADD_LAYER, new))
+    return y.reshape(y_shape), [s.reshape(shape) for s, shape in zip(new, out_shapes)]
+
+
+def _layers(
+    module: RecurrentModule, plan: StepPlan, weights: list[Tensor], x: Tensor, is_init: Tensor,
+    states: list[Tensor], shapes: tuple[Any, ...],
+) -> tuple[Tensor, list[Tensor]]:  # fmt: skip
+    """A step of a stacked (or projected) network: :func:`recurrent_step` on ``[N, L, S]``."""
+    _, _, state_shapes, n, flat, y_shape, out_shapes = shapes
+    if not flat:
+        x = x.reshape(n, x.shape[-1])
+        states = [s.reshape(n, *shape[-2:]) for s, shape in zip(states, state_shapes)]
+    if not is_init.is_cpu or bool(is_init.any()):
+        reset = is_init.reshape(n, 1, 1)
+        states = [s.masked_fill(reset, 0) for s in states]
+    y, new = recurrent_step(
+        plan.cfg, weights, x, tuple(states), training=module.training,
+        python_based=plan.python_based,
+    )  # fmt: skip
+    if flat:
+        return y, list(new)
+    return y.reshape(y_shape), [s.reshape(shape) for s, shape in zip(new, out_shapes)]
+
+
+def _write(plan: StepPlan, td: TensorDict, y: Tensor, new: list[Tensor]) -> None:
+    """Write the output and the new states as ``td.set`` would.
+
+    The values' leading dims are the batch size by construction, and they are on the
+    input's device, which is the TensorDict's: what tensordict's validation would check, so
+    plain keys are set with ``validated=True`` (a locked TensorDict still raises there).
+    """
+    out_key = plan.out_key
+    if type(out_key) is str:
+        td._set_str(out_key, y, inplace=False, validated=True)
+    else:
+        td.set(out_key, y)
+    nxt = td._tensordict.get("next")
+    if (
+        plan.next_keys is not None
+        and type(nxt) is TensorDict
+        and nxt._batch_size == td._batch_size
+        and (nxt._device is None or nxt._device == y.device)
+    ):
+        for name, s in zip(plan.next_keys, new):  # as many (the cell returns every state)
+            nxt._set_str(name, s, inplace=False, validated=True)
+    else:
+        for key, s in zip(plan.out_keys[1:], new):
+            td.set(key, s)
+
+
+def fast_step(module: RecurrentModule, td: TensorDict) -> TensorDict | None:
+    """One sequential step of ``module`` on the plain ``TensorDict`` ``td``, written into it
+    and returned; ``None``, with ``td`` untouched, when the call is not the usual one."""
+    plan = _plan(module)
+    batch = td._batch_size
+    shapes = plan.batches.get(batch) or plan.shapes(batch)
+    rnn = module._modules[module._rnn_name]  # module._flat_weights(), inlined
+    weights = rnn.flat_weights if plan.python_based else rnn._flat_weights
+    read = _read(plan, td, shapes, weights[0].dtype)
+    if read is None:
+        return None
+    if plan.single_layer:
+        y, new = _one_layer(plan, weights, *read, shapes)
+    else:
+        y, new = _layers(module, plan, weights, *read, shapes)
+    _write(plan, td, y, new)
+    return td

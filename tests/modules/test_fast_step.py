@@ -1,0 +1,304 @@
+"""The sequential step's fast path (``recurrl/modules/_fast_step.py``) against its oracle.
+
+The oracle is the same module with ``_step_shortcuts`` off: every entry goes through the
+validating readers and is written with ``td.set``. Over random batch shapes ``[N]`` and
+``[N, M]``, reset patterns, cells, depths and key layouts, the two must leave identical
+TensorDicts (same entries, shapes, dtypes and values, bit for bit), and on every input the
+fast path declines (missing states, other dtypes or shapes, a locked or lazy TensorDict) they
+must raise the same error, or give the same result.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
+
+import recurrl.modules._fast_step as fast_step_module
+import recurrl.modules.recurrent as recurrent_module
+from recurrl.modules import GRUModule, LSTMModule, set_recurrent_mode
+
+MODULES = {"lstm": LSTMModule, "gru": GRUModule}
+F_IN, H = 5, 6
+
+
+def _module(kind: str, layers: int, *, python_based: bool = False, proj: int = 0, keys=None):
+    kwargs = {"proj_size": proj} if proj else {}
+    if keys is None:
+        return MODULES[kind](F_IN, H, layers, python_based=python_based, in_key="x",
+                             out_key="y", **kwargs)  # fmt: skip
+    in_keys, out_keys = keys
+    return MODULES[kind](F_IN, H, layers, python_based=python_based, in_keys=in_keys,
+                         out_keys=out_keys, **kwargs)  # fmt: skip
+
+
+def _oracle(module):
+    """A copy of ``module`` (same weights) that takes the validating path only."""
+    clone = copy.copy(module)
+    clone._step_shortcuts = False
+    return clone
+
+
+def _data(module, batch, is_init, *, states=True, dtype=torch.float32) -> TensorDict:
+    td = TensorDict(
+        {"x": torch.randn(*batch, F_IN, dtype=dtype), "is_init": is_init}, batch_size=batch
+    )
+    if states:
+        for key, (shape, _) in module.recurrent_state_spec.items():
+            td.set(key, torch.randn(*batch, *shape, dtype=dtype))
+    return td
+
+
+def _is_init(batch, rng: random.Random) -> torch.Tensor:
+    pattern = rng.choice(["none", "all", "random"])
+    if pattern == "none":
+        return torch.zeros(*batch, 1, dtype=torch.bool)
+    if pattern == "all":
+        return torch.ones(*batch, 1, dtype=torch.bool)
+    return torch.rand(*batch, 1) < rng.random()
+
+
+def _sharing(td: TensorDictBase) -> list[tuple[str, str]]:
+    """The pairs of leaves that share memory (the output is a view of the new ``h``)."""
+    leaves = {str(k): v for k, v in td.items(True, True) if v.numel()}
+    ptr = {k: v.untyped_storage().data_ptr() for k, v in leaves.items()}
+    return sorted((a, b) for a in ptr for b in ptr if a < b and ptr[a] == ptr[b])
+
+
+def assert_identical(actual: TensorDictBase, expected: TensorDictBase) -> None:
+    """Same nested keys, batch sizes, leaves equal bit for bit with the same dtype, and the
+    same leaves sharing memory."""
+    assert type(actual) is type(expected)
+    assert actual.batch_size == expected.batch_size
+    keys = sorted(map(str, actual.keys(True)))
+    assert keys == sorted(map(str, expected.keys(True)))
+    for key in actual.keys(True):
+        a, e = actual.get(key), expected.get(key)
+        if isinstance(a, TensorDictBase):
+            assert a.batch_size == e.batch_size, key
+            continue
+        assert a.dtype == e.dtype and a.shape == e.shape, key
+        assert torch.equal(a, e), key
+    if not isinstance(actual, LazyStackedTensorDict):
+        assert _sharing(actual) == _sharing(expected)
+
+
+def _run_both(module, td: TensorDict, **call_kwargs):
+    """(fast result, oracle result, whether the fast path answered) on copies of ``td``."""
+    answered = []
+    original = fast_step_module.fast_step
+
+    def spy(mod, data):
+        out = original(mod, data)
+        answered.append(out is not None)
+        return out
+
+    recurrent_module.fast_step = spy
+    try:
+        fast = module(td.clone(), **call_kwargs)
+    finally:
+        recurrent_module.fast_step = original
+    slow = _oracle(module)(td.clone(), **call_kwargs)
+    return fast, slow, answered == [True]
+
+
+def _errors_of(module, td: TensorDict) -> tuple[BaseException, BaseException]:
+    errors = []
+    for mod in (module, _oracle(module)):
+        with pytest.raises(Exception) as info:
+            mod(td.clone())
+        errors.append(info.value)
+    return errors[0], errors[1]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_calls_match_the_oracle(seed):
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    kind = rng.choice(["lstm", "gru"])
+    layers = rng.choice([1, 2])
+    python_based = rng.random() < 0.25
+    proj = 3 if kind == "lstm" and rng.random() < 0.2 else 0
+    module = _module(kind, layers, python_based=python_based, proj=proj)
+    if rng.random() < 0.3:
+        module.train()
+    else:
+        module.eval()
+    batch = rng.choice([(rng.randint(1, 6),), (rng.randint(1, 4), rng.randint(1, 3)), (0,)])
+    td = _data(module, batch, _is_init(batch, rng))
+    if rng.random() < 0.3:  # outputs of an earlier step already in the TensorDict
+        td.set(("next", module.state_keys[0]), torch.zeros_like(td[module.state_keys[0]]))
+    with torch.no_grad():
+        fast, slow, answered = _run_both(module, td)
+    assert answered
+    assert_identical(fast, slow)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_gradients_match_the_oracle(kind, layers):
+    torch.manual_seed(0)
+    module = _module(kind, layers)
+    td = _data(module, (4, 2), _is_init((4, 2), random.Random(1)))
+    grads = []
+    for mod in (module, _oracle(module)):
+        module.zero_grad()
+        mod(td.clone())["y"].square().sum().backward()
+        grads.append([p.grad.clone() for p in module.parameters()])
+    for a, e in zip(*grads, strict=True):
+        assert torch.equal(a, e)
+
+
+def test_inter_layer_dropout_matches_the_oracle():
+    module = _module("lstm", 2)
+    module.rnn.dropout = 0.5
+    module.train()
+    td = _data(module, (6,), torch.zeros(6, 1, dtype=torch.bool))
+    torch.manual_seed(3)
+    fast, _, answered = _run_both(module, td)
+    torch.manual_seed(3)
+    slow = _oracle(module)(td.clone())
+    assert answered
+    assert_identical(fast, slow)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_nested_and_renamed_keys(kind):
+    states = ["h", "c"] if kind == "lstm" else ["h"]
+    keys = (
+        [("agent", "obs"), *(("agent", s) for s in states)],
+        [("agent", "out"), *(("next", "agent", s) for s in states)],
+    )
+    module = _module(kind, 1, keys=keys)
+    batch = (3,)
+    td = TensorDict({"agent": {"obs": torch.randn(3, F_IN)}}, batch_size=batch)
+    td["is_init"] = torch.tensor([[True], [False], [False]])
+    for s in states:
+        td["agent", s] = torch.randn(3, 1, H)
+    fast, slow, answered = _run_both(module, td)
+    assert answered
+    assert_identical(fast, slow)
+
+
+def test_keys_assigned_after_a_call_rebuild_the_plan():
+    module = _module("gru", 1)
+    td = _data(module, (4,), torch.zeros(4, 1, dtype=torch.bool))
+    module(td.clone())
+    td.rename_key_("x", "obs")
+    module.in_keys = ["obs", *module.in_keys[1:]]
+    fast, slow, answered = _run_both(module, td)
+    assert answered and "y" in fast
+    assert_identical(fast, slow)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("all_start", [True, False])
+def test_missing_state_keys(kind, all_start):
+    """Declined: zeros where every row starts an episode, the same KeyError otherwise."""
+    module = _module(kind, 1)
+    is_init = torch.ones(3, 1, dtype=torch.bool)
+    if not all_start:
+        is_init[1] = False
+    td = _data(module, (3,), is_init, states=False)
+    if all_start:
+        fast, slow, answered = _run_both(module, td)
+        assert not answered
+        assert_identical(fast, slow)
+    else:
+        fast_err, slow_err = _errors_of(module, td)
+        assert type(fast_err) is type(slow_err) is KeyError
+        assert str(fast_err) == str(slow_err)
+
+
+def _wrong(module, what: str) -> TensorDict:
+    batch = (3,)
+    td = _data(module, batch, torch.zeros(3, 1, dtype=torch.bool))
+    key = module.state_keys[0]
+    if what == "x float64":
+        td["x"] = td["x"].double()
+    elif what == "x features":
+        td["x"] = torch.randn(3, F_IN + 1)
+    elif what == "state shape":
+        td[key] = torch.randn(3, 2, H)
+    elif what == "is_init float":
+        td["is_init"] = td["is_init"].float()
+    elif what == "is_init 2":
+        td["is_init"] = torch.full((3, 1), 2)
+    elif what == "is_init shape":
+        td["is_init"] = torch.zeros(3, 2, dtype=torch.bool)
+    elif what == "no x":
+        del td["x"]
+    elif what == "no is_init":
+        del td["is_init"]
+    return td
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize(
+    "what",
+    ["x float64", "x features", "state shape", "is_init float", "is_init 2", "is_init shape",
+     "no x", "no is_init"],
+)  # fmt: skip
+def test_bad_inputs_raise_the_oracles_errors(kind, what):
+    module = _module(kind, 1)
+    fast_err, slow_err = _errors_of(module, _wrong(module, what))
+    assert type(fast_err) is type(slow_err)
+    assert str(fast_err) == str(slow_err)
+    assert type(module).__name__ in str(fast_err)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_converted_inputs_match_the_oracle(kind):
+    """Declined, then converted by the checked path: 0/1 integer ``is_init``, an ``is_init``
+    without its trailing dim, float64 states into a float32 network."""
+    module = _module(kind, 1)
+    td = _data(module, (4,), torch.tensor([[1], [0], [0], [1]]))
+    for key in module.state_keys:
+        td[key] = td[key].double()
+    for data in (td, td.clone().set("is_init", td["is_init"].squeeze(-1).bool())):
+        fast, slow, answered = _run_both(module, data)
+        assert not answered
+        assert_identical(fast, slow)
+
+
+def test_locked_tensordict_raises_the_same_error():
+    module = _module("lstm", 1)
+    td = _data(module, (3,), torch.zeros(3, 1, dtype=torch.bool))
+    errors = []
+    for mod in (module, _oracle(module)):
+        data = td.clone().lock_()
+        with pytest.raises(RuntimeError) as info:
+            mod(data)
+        errors.append(str(info.value))
+        assert "y" not in data
+    assert errors[0] == errors[1]
+
+
+def test_lazy_stack_and_device_tensordicts():
+    module = _module("gru", 2)
+    td = _data(module, (4,), torch.tensor([[True], [False], [True], [False]]))
+    lazy = LazyStackedTensorDict.lazy_stack(list(td.unbind(0)), 0)
+    fast, slow, answered = _run_both(module, lazy)
+    assert not answered  # not a plain TensorDict: the checked path
+    assert_identical(fast, slow)
+    on_cpu = td.to("cpu")
+    assert on_cpu.device is not None
+    fast, slow, answered = _run_both(module, on_cpu)
+    assert answered
+    assert_identical(fast, slow)
+
+
+def test_recurrent_mode_and_tensor_calls_are_untouched():
+    module = _module("lstm", 1)
+    td = _data(module, (2, 5), torch.rand(2, 5, 1) < 0.3)
+    with set_recurrent_mode(True):
+        fast, slow, answered = _run_both(module, td)
+    assert answered is False
+    assert_identical(fast, slow)
+    x = torch.randn(4, F_IN)
+    is_init = torch.ones(4, 1, dtype=torch.bool)
+    y = module(x=x, is_init=is_init)[0]
+    assert torch.equal(y, _oracle(module)(x=x, is_init=is_init)[0])
