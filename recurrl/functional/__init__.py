@@ -18,8 +18,13 @@ from recurrl.functional.precision import (
 )
 from recurrl.functional.recurrent import (
     RECURRENT_BACKENDS,
+    CellKind,
+    RecurrentBackend,
+    RecurrentOptions,
     RNNConfig,
     recurrent_unroll,
+    register_cell_kind,
+    register_recurrent_backend,
     resolve_backend,
 )
 from recurrl.functional.returns import (
@@ -34,11 +39,14 @@ __all__ = [
     "GRU",
     "LSTM",
     "RECURRENT_BACKENDS",
+    "CellKind",
     "GRUCell",
     "LSTMCell",
     "RNNConfig",
+    "RecurrentBackend",
     "RecurrentMatmulPrecision",
     "RecurrentMatmulPrecisionUserMode",
+    "RecurrentOptions",
     "generalized_advantage_estimate",
     "get_recurrent_matmul_precision",
     "gru_cell",
@@ -46,6 +54,8 @@ __all__ = [
     "lstm_cell",
     "lstm_cell_from_projection",
     "recurrent_unroll",
+    "register_cell_kind",
+    "register_recurrent_backend",
     "resolve_backend",
     "resolve_recurrent_matmul_precision",
     "segment_starts",
