@@ -10,6 +10,10 @@ reward, done/terminated/truncated, is_init, traj_ids, rs_h[1, 16]) against the f
 - both together (extend then sample, as in a train loop: the sampler's cached trajectory
   table is invalidated by every extend).
 
+Candidates are timed in 10-call blocks (ratio of medians and of minima), then sample and
+extend + sample again as single calls (ratio of the p50 and p10 call times): on a loaded
+machine the blocks catch scheduler stalls that the single-call percentiles keep apart.
+
 Candidates are measured side by side in one process, interleaved.
 
 Run: ``python benchmarks/replay.py [--quick] [--threads N]``
@@ -69,6 +73,29 @@ def compare(fns: dict[str, Callable[[], object]], rounds: int, inner: int) -> di
                 fn()
             samples[name].append((time.perf_counter() - start) / inner)
     return {name: (statistics.median(v), min(v)) for name, v in samples.items()}
+
+
+def per_call(fns: dict[str, Callable[[], object]], calls: int) -> dict:
+    """Seconds of each single call, the candidates interleaved call by call: percentiles
+    (p50, p10) of each. On a loaded machine a 10-call block often includes a scheduler
+    stall; single calls show the stalls in the upper percentiles only."""
+    for fn in fns.values():
+        for _ in range(3):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(calls):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.quantiles(v, n=20) for name, v in samples.items()}
+
+
+def report_calls(what: str, q: dict, target: float | None) -> None:
+    ours, plain = q["ours"], q["plain"]  # 19 cut points: [9] = p50, [1] = p10
+    goal = f" (target <= {target:g}x)" if target else ""
+    print(f"{what:<26} ours {ours[9] * 1e3:7.3f} ms, plain {plain[9] * 1e3:7.3f} ms p50; ratio "
+          f"{ours[9] / plain[9]:4.2f}x p50, {ours[1] / plain[1]:4.2f}x p10{goal}")  # fmt: skip
 
 
 def report(what: str, t: dict, target: float | None, frames: int | None = None) -> None:
@@ -179,6 +206,9 @@ def main() -> None:
         plain_sample()  # the floor does not even update its start table
 
     t_both = compare({"ours": ours_both, "plain": plain_both}, rounds=rounds, inner=inner)
+    calls = 300 if args.quick else 1500
+    q_smp = per_call({"ours": rb.sample, "plain": plain_sample}, calls)
+    q_both = per_call({"ours": ours_both, "plain": plain_both}, calls)
 
     segments = rb.sampler._segments.lengths.size
     print(f"stored trajectory segments: {segments}; median / min over {rounds} rounds")
@@ -186,6 +216,9 @@ def main() -> None:
     report(f"extend [8, {CHUNK // 8}] frames", t_grid, 2.0, CHUNK)
     report(f"sample {BATCH} frames", t_smp, 1.2)
     report("extend + sample", t_both, None)
+    print(f"single calls, interleaved ({calls} each):")
+    report_calls(f"sample {BATCH} frames", q_smp, 1.2)
+    report_calls("extend + sample", q_both, None)
 
 
 if __name__ == "__main__":
