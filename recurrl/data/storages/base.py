@@ -205,7 +205,8 @@ class Storage:
         ``index_select`` per stored tensor, into a TensorDict built without re-validating
         the stored layout; the result equals ``storage.data[index]``. Any other index, and a
         layout this does not cover (names, non-tensor leaves, nested batch dims), goes
-        through ``storage.data[index]``.
+        through ``storage.data[index]``. Like :meth:`set`, the gather uses the stored tensors
+        cached at allocation: they are written in place, never replaced.
         """
         plan = self._gather_plan
         if plan is not None and type(index) is Tensor and index.dim() == 1 \
