@@ -3,13 +3,18 @@
 Batch [8], F=16, H=64: the reference is ``nn.LSTMCell``/``nn.GRUCell`` on plain tensors
 (no TensorDict, no reset handling), i.e. the floor for one collection step.
 
-Run: ``python benchmarks/single_step.py [--threads N]``
+Run: ``python benchmarks/single_step.py [--threads N] [--clock thread]``
+
+``--clock thread`` times with the CPU time of the calling thread instead of wall time: on a
+machine shared with other jobs it leaves out the time they take the core away (the calls are
+too small for torch to run them on several threads).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -26,10 +31,15 @@ B, F, H = 8, 16, 64
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--clock", choices=["wall", "thread"], default="wall")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, B={B} F={F} H={H}")
+    clock = time.perf_counter if args.clock == "wall" else time.thread_time
+    print(
+        f"torch {torch.__version__}, threads={torch.get_num_threads()}, B={B} F={F} H={H}, "
+        f"clock={args.clock}"
+    )
     torch.manual_seed(0)
     x = torch.randn(B, F)
     is_init = torch.zeros(B, 1, dtype=torch.bool)
@@ -54,7 +64,7 @@ def main() -> None:
                     batch_size=[B],
                 )
                 fns["python" if python_based else "fused"] = lambda m=module, td=td: m(td)
-            times = compare(fns, rounds=9, inner=200)
+            times = compare(fns, rounds=9, inner=200, clock=clock)
             print(
                 f"{kind.upper():4} cell={times['cell'] * 1e6:6.1f}us  "
                 f"module={times['fused'] * 1e6:6.1f}us ({times['fused'] / times['cell']:.2f}x)  "
