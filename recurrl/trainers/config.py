@@ -354,6 +354,8 @@ class DQNConfig:
     """Steps of every slice that enter the loss (after the burn-in)."""
     lr: float = 1e-3
     """Adam learning rate."""
+    anneal_lr: bool = False
+    """Decay the learning rate linearly to 0 over `frames` (off in the measured recipe)."""
     obs_norm: bool = True
     """Standardize each observation entry with the mean and std of the learning_starts
     warm-up frames (nearly random policy), frozen afterwards and saved with the model."""

@@ -202,6 +202,11 @@ class DQNTrainer:
     def update(self) -> dict[str, float]:
         """``updates_per_batch`` updates on replayed slices; returns mean diagnostics."""
         d = self.cfg.dqn
+        if d.anneal_lr:  # a function of the frames done, so a resumed run follows it too
+            # progress before this batch: the first update runs near lr, the last above 0
+            done = self.collector.frames - d.frames_per_batch
+            for group in self.optimizer.param_groups:
+                group["lr"] = d.lr * (1.0 - done / d.frames)
         sums = {"loss": 0.0, "td_error": 0.0, "grad_norm": 0.0}
         for _ in range(d.updates_per_batch):
             sample = self.buffer.sample().to(self.device)

@@ -192,3 +192,27 @@ def test_q_network_lives_with_the_models_and_stays_importable_from_dqn():
             if isinstance(node, ast.ImportFrom) and node.module
         }
         assert not {f"recurrl.trainers.{s}" for s in siblings} & imported, module.__name__
+
+
+def test_anneal_lr_decays_linearly_with_the_frames_done_and_is_off_by_default(tmp_path):
+    cfg = parse_train(*TINY, "--run-dir", str(tmp_path / "off"))
+    assert cfg.dqn.anneal_lr is False
+    trainer = DQNTrainer(cfg)
+    trainer.train()
+    assert trainer.optimizer.param_groups[0]["lr"] == cfg.dqn.lr
+    cfg = parse_train(*TINY, "--anneal-lr", "--run-dir", str(tmp_path / "on"))
+    trainer = DQNTrainer(cfg)
+    seen = []
+    update = trainer.update
+
+    def spy():
+        out = update()
+        seen.append((trainer.collector.frames, trainer.optimizer.param_groups[0]["lr"]))
+        return out
+
+    trainer.update = spy
+    trainer.train()
+    # before each batch's updates, from the frames collected before that batch
+    lr = cfg.dqn.lr
+    expected = [(f, lr * (1 - (f - 64) / 256)) for f in (128, 192, 256)]
+    assert seen == [(f, pytest.approx(v)) for f, v in expected]
