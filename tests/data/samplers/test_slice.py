@@ -14,7 +14,6 @@ from recurrl.data import (
     SliceSamplerWithoutReplacement,
     TensorDictReplayBuffer,
 )
-from recurrl.data.replay_buffers import _fused_marks
 from tests.data._fake import (
     TRAJ,
     FakeCollector,
@@ -797,75 +796,3 @@ def test_fragmented_state_dict_draws_the_same_samples():
     fresh.load_state_dict(state)
     assert fresh.sampler.fragmented and fresh.sampler._order is not None
     assert all((fresh.sample()["index"] == e).all() for e in expected)
-
-
-class _OracleStorage(LazyTensorStorage):
-    def get(self, index):  # indexing the stored TensorDict, without the per-tensor gather
-        return self.data[index]
-
-
-def _oracle(cls):
-    class Oracle(cls):
-        def sample(self, storage, batch_size):  # an override: the buffer's generic path
-            return super().sample(storage, batch_size)
-
-    return Oracle
-
-
-@pytest.mark.parametrize("name", SAMPLERS)
-@pytest.mark.parametrize("num_envs", [None, 3])
-@pytest.mark.parametrize(
-    "options",
-    [{}, {"strict_length": False}, {"strict_length": False, "pad_output": True},
-     {"strict_length": False, "min_slice_len": 1}, {"span": True, "strict_length": False},
-     {"drop_traj": True}, {"drop_traj": True, "strict_length": False, "pad_output": True},
-     {"end_keys": [("next", "done"), ("next", "truncated")]}, {"init_key": None},
-     {"truncated_key": None}, {"truncated_key": "cut"}],
-)  # fmt: skip
-def test_buffer_fast_path_equals_the_generic_path(name, num_envs, options):
-    """ReplayBuffer.sample reads a slice sampler's batch with one gather per stored tensor
-    and ORs the marks into what it read; the generic path (the sampler's own sample(),
-    storage.data[index], info written into the batch) is its oracle: the same generator
-    seed gives the same TensorDicts and info, over random episode lengths, extends of
-    1..2 * capacity steps (wrapping and overwriting the storage), trajectory-id and
-    end-flag modes, whole, short, padded and spanning slices."""
-    options = dict(options)
-    drop_traj = options.pop("drop_traj", False)
-    for seed in range(3):
-        rng = random.Random(seed)
-        capacity = rng.randint(20, 120)
-        slice_len = rng.randint(1, 9)
-        num_slices = rng.randint(1, 6)
-        buffers = []
-        for cls, storage_cls in ((SAMPLERS[name], LazyTensorStorage),
-                                 (_oracle(SAMPLERS[name]), _OracleStorage)):  # fmt: skip
-            sampler = cls(slice_len=slice_len, generator=torch.Generator().manual_seed(seed),
-                          **options)  # fmt: skip
-            buffers.append(TensorDictReplayBuffer(storage=storage_cls(capacity),
-                                                  sampler=sampler,
-                                                  batch_size=num_slices * slice_len))  # fmt: skip
-        fast, slow = buffers
-        assert _fused_marks(fast.sampler) and not _fused_marks(slow.sampler)
-        collector = FakeCollector(num_envs, 1, 3 * slice_len, seed)
-        for _ in range(10):
-            steps = rng.choice([1, rng.randint(1, 23), rng.randint(capacity, 2 * capacity)])
-            if num_envs:
-                steps = max(1, steps // num_envs)
-            data = collector.batch(steps)
-            if drop_traj:
-                data = data.exclude(TRAJ)
-            for rb in buffers:
-                rb.extend(data)
-            try:
-                want, want_info = slow.sample(return_info=True)
-            except RuntimeError:  # no valid start: the fast path raises the same
-                with pytest.raises(RuntimeError, match="slice_len"):
-                    fast.sample()
-                continue
-            got, got_info = fast.sample(return_info=True)
-            assert set(got.keys(True)) == set(want.keys(True))
-            for key, value in want.items(True, True):
-                assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
-            assert list(got_info) == list(want_info)
-            for key, value in want_info.items():
-                assert torch.equal(got_info[key], value), key
