@@ -6,6 +6,7 @@ imported on first use, so importing this package never imports Ray.
 
 from recurrl.data.replay_buffers import ReplayBuffer, TensorDictReplayBuffer
 from recurrl.data.samplers import (
+    PrioritizedSliceSampler,
     RandomSampler,
     Sampler,
     SliceSampler,
@@ -19,6 +20,7 @@ from recurrl.data.writers import RoundRobinWriter, Writer
 __all__ = [
     "LazyMemmapStorage",
     "LazyTensorStorage",
+    "PrioritizedSliceSampler",
     "RandomSampler",
     "ReplayBuffer",
     "RoundRobinWriter",

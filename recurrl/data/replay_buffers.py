@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 from tensordict import TensorDictBase
+from tensordict.utils import NestedKey
 from torch import Tensor
 
 from recurrl.data._files import load_state_file
@@ -244,6 +245,22 @@ class ReplayBuffer:
     def _finish(self, data: TensorDictBase, index: Tensor) -> TensorDictBase:
         return data
 
+    def update_priority(self, index: Tensor, priority: Tensor | float) -> None:
+        """Forward new priorities of sampled data to the sampler (e.g.
+        :meth:`PrioritizedSliceSampler.update_priority
+        <recurrl.data.PrioritizedSliceSampler.update_priority>`, whose docstring lists the
+        accepted ``index`` / ``priority`` layouts). Raises for samplers without priorities.
+        """
+        update = getattr(self.sampler, "update_priority", None)
+        if update is None:
+            raise TypeError(
+                f"{type(self).__name__}.update_priority: the sampler "
+                f"{type(self.sampler).__name__} keeps no priorities; fix: build the buffer "
+                "with a prioritized sampler, e.g. sampler=PrioritizedSliceSampler(max_capacity"
+                "=..., alpha=..., beta=..., slice_len=...), or drop the update."
+            )
+        update(index, priority)
+
     def __iter__(self) -> Iterator[TensorDictBase]:
         """Yield samples; stops when the sampler reports ``ran_out`` (epoch samplers), else
         never."""
@@ -323,6 +340,11 @@ class TensorDictReplayBuffer(ReplayBuffer):
     """A :class:`ReplayBuffer` whose samples also carry ``"index"`` (``[n]`` int64 storage
     positions), so results computed on a sample can be written back or tracked.
 
+    Args:
+        priority_key: the entry of a sample that :meth:`update_tensordict_priority` reads
+            the new priorities from (default ``"td_error"``).
+        (others): as :class:`ReplayBuffer`.
+
     Examples:
         >>> import torch
         >>> from tensordict import TensorDict
@@ -334,6 +356,24 @@ class TensorDictReplayBuffer(ReplayBuffer):
         True
     """
 
+    def __init__(self, *, priority_key: NestedKey = "td_error", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.priority_key = priority_key
+
     def _finish(self, data: TensorDictBase, index: Tensor) -> TensorDictBase:
         data.set("index", index)
         return data
+
+    def update_tensordict_priority(self, data: TensorDictBase) -> None:
+        """Update the priorities of a sample from its ``"index"`` and ``priority_key``
+        entries (``[n]`` as sampled, or viewed as ``[num_slices, slice_len]``); see
+        :meth:`update_priority`."""
+        missing = [k for k in ("index", self.priority_key) if k not in data.keys(True)]
+        if missing:
+            raise KeyError(
+                f"{type(self).__name__}.update_tensordict_priority: expected the keys "
+                f"'index' and {self.priority_key!r} in the data, missing {missing}; fix: pass "
+                "a sample of this buffer with the priorities (e.g. TD errors) written under "
+                "priority_key."
+            )
+        self.update_priority(data.get("index"), data.get(self.priority_key))

@@ -11,6 +11,7 @@ from tensordict import TensorDict
 from recurrl.data import (
     LazyMemmapStorage,
     LazyTensorStorage,
+    PrioritizedSliceSampler,
     RandomSampler,
     ReplayBuffer,
     SliceSampler,
@@ -303,3 +304,24 @@ def test_buffer_fast_path_equals_the_generic_path(name, num_envs, options):
             assert list(got_info) == list(want_info)
             for key, value in want_info.items():
                 assert torch.equal(got_info[key], value), key
+
+
+def test_priority_updates_reach_the_sampler():
+    """update_priority forwards to the sampler; update_tensordict_priority reads "index" and
+    priority_key from a sample; a sampler without priorities is refused."""
+    data = TensorDict({"x": torch.arange(10), ("next", "done"): torch.zeros(10, 1).bool()}, [10])
+    sampler = PrioritizedSliceSampler(10, 1.0, 1.0, slice_len=2)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10), sampler=sampler,
+                                priority_key="loss_td")  # fmt: skip
+    rb.extend(data)
+    rb.update_priority(torch.tensor([3]), torch.tensor([4.0]))
+    assert float(sampler.state_dict()["priority"][3]) == pytest.approx(4.0)
+    sample = rb.sample(4)
+    sample["loss_td"] = torch.full((4,), 2.0)
+    rb.update_tensordict_priority(sample)
+    starts = sample["index"].view(2, 2)[:, 0]
+    assert torch.allclose(sampler.state_dict()["priority"][starts], torch.tensor(2.0))
+    plain = TensorDictReplayBuffer(storage=LazyTensorStorage(10), sampler=SliceSampler(slice_len=2))
+    plain.extend(data)
+    with pytest.raises(TypeError, match="keeps no priorities"):
+        plain.update_tensordict_priority(sample.set("td_error", sample["loss_td"]))

@@ -1,8 +1,15 @@
 """Samplers: which stored steps a replay buffer returns."""
 
 from recurrl.data.samplers.base import Sampler
+from recurrl.data.samplers.prioritized_slice import PrioritizedSliceSampler
 from recurrl.data.samplers.random import RandomSampler
 from recurrl.data.samplers.slice import SliceSampler
 from recurrl.data.samplers.slice_without_replacement import SliceSamplerWithoutReplacement
 
-__all__ = ["RandomSampler", "Sampler", "SliceSampler", "SliceSamplerWithoutReplacement"]
+__all__ = [
+    "PrioritizedSliceSampler",
+    "RandomSampler",
+    "Sampler",
+    "SliceSampler",
+    "SliceSamplerWithoutReplacement",
+]

@@ -177,3 +177,30 @@ def _integer_leaf(data: TensorDictBase, key: NestedKey, name: str, n: int) -> Te
             f"step ({n}), received shape {tuple(value.shape)}; fix: store a scalar per step."
         )
     return value.reshape(n).to("cpu", torch.int64)
+
+
+START_MODES = ("any", "trajectory", "stride")
+
+
+def _parse_start(start, start_stride) -> tuple[str, int | None]:
+    """Validate ``start`` (where slices may begin) and ``start_stride`` (its period)."""
+    if start not in START_MODES:
+        raise ValueError(
+            f"SliceSampler: expected start to be one of {START_MODES}, received {start!r}; fix: "
+            "start='any' (anywhere in a trajectory), 'trajectory' (only at its first step) or "
+            "'stride' (every start_stride steps from its first step)."
+        )
+    if start_stride is not None and start != "stride":
+        raise ValueError(
+            f"SliceSampler: start_stride={start_stride!r} sets the period of start='stride', "
+            f"but start={start!r}; fix: pass start='stride', or drop start_stride."
+        )
+    if start_stride is not None and (
+        isinstance(start_stride, bool) or not isinstance(start_stride, int) or start_stride <= 0
+    ):
+        raise ValueError(
+            f"SliceSampler: expected start_stride to be a positive int (or None: slice_len // 2, "
+            f"R2D2's overlapping sequences), received {start_stride!r}; fix: e.g. "
+            "start_stride=40 for slice_len=80."
+        )
+    return start, start_stride

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 import torch
@@ -19,6 +20,7 @@ from recurrl.data.samplers._slice_args import (
     _key,
     _parse_end_keys,
     _parse_span,
+    _parse_start,
     _positive,
 )
 from recurrl.data.samplers.base import Sampler
@@ -77,6 +79,16 @@ class SliceSampler(Sampler):
       sets (left, right) separately. ``span=True`` puts every step of a long trajectory,
       first and last included, in exactly ``slice_len`` windows. ``min_slice_len=m`` is
       ``span=(False, slice_len - m)``; give one of them.
+    - ``start``: which of those windows may be drawn, by their offset ``o`` from the first
+      stored step of their segment: ``"any"`` (default) every one; ``"trajectory"`` only
+      ``o = 0`` (one slice per segment, from its first step); ``"stride"`` only ``o`` a
+      multiple of ``start_stride`` (default ``slice_len // 2``: R2D2's sequences, which
+      overlap by half). A segment is a whole trajectory unless its first steps were
+      overwritten (wrap-around) or it continues a row of an earlier ``[N, T]`` batch; the
+      offsets then count from its first *stored* step (where a collector stored the hidden
+      state, so recurrent mode starts from it). With ``strict_length=True`` the steps after
+      the last whole window of a stride are never sampled (R2D2 pads that tail; use
+      ``strict_length=False`` with ``min_slice_len`` or ``span`` to keep it).
 
     **Replacement.** ``replacement=True`` draws starts independently; ``replacement=False``
     samples like :class:`SliceSamplerWithoutReplacement` (``drop_last``, ``shuffle``).
@@ -127,6 +139,10 @@ class SliceSampler(Sampler):
             and ``("next", "done")``.
         strict_length: see above.
         span: see above (default ``False``).
+        start: ``"any"``, ``"trajectory"`` or ``"stride"``: where slices may start; see
+            above.
+        start_stride: period of ``start="stride"``, in steps (``None``: ``slice_len // 2``,
+            at least 1); only with ``start="stride"``.
         min_slice_len: fewest steps a slice may have, ``1 <= min_slice_len <= slice_len``
             (``None``: ``slice_len``, whole slices only); below ``slice_len`` it needs
             ``strict_length=False``. See above.
@@ -187,8 +203,11 @@ class SliceSampler(Sampler):
         shuffle: bool | None = None,
         generator: torch.Generator | None = None,
         min_slice_len: int | None = None,
+        start: Literal["any", "trajectory", "stride"] = "any",
+        start_stride: int | None = None,
     ) -> None:
         super().__init__(generator=generator)
+        self.start, self.start_stride = _parse_start(start, start_stride)
         if (num_slices is None) == (slice_len is None):
             raise ValueError(
                 "SliceSampler: expected exactly one of num_slices / slice_len, received "
@@ -509,23 +528,39 @@ class SliceSampler(Sampler):
     def _valid_starts(self, segments: Segments, slice_len: int) -> tuple[np.ndarray, np.ndarray]:
         """Per segment: number of valid windows ``[S]`` and their cumulative sum ``[S]``."""
         right, left, _ = self._bounds(slice_len)
-        key = (segments.version, slice_len, self.strict_length, right, left)
+        step = self._start_step(slice_len)
+        key = (segments.version, slice_len, self.strict_length, right, left, self.start, step)
         if self._table is None or self._table[0] != key:
             lo = 0 if left is None else -(slice_len - left)
-            counts = segments.lengths - (right + lo - 1)
+            if step is None:  # start="trajectory": the window at offset 0 only
+                first, step = 0, 1
+                counts = (segments.lengths >= right).astype(np.int64)
+            else:  # offsets first, first + step, ... <= length - right
+                first = -((-lo) // step) * step  # the first multiple of step >= lo
+                counts = (segments.lengths - right - first) // step + 1
             # A segment with no valid window: skipped (strict_length) or one whole slice.
             # Offsets are all 0 without a left span (None: nothing to add when locating).
-            offsets = None if lo == 0 else np.where(counts <= 0, 0, lo).astype(np.int64)
+            offsets = None if first == 0 else np.where(counts <= 0, 0, first).astype(np.int64)
             np.maximum(counts, 0 if self.strict_length else 1, out=counts)
-            self._table = (key, counts, np.cumsum(counts), offsets)
+            self._table = (key, counts, np.cumsum(counts), offsets, step)
         return self._table[1], self._table[2]
+
+    def _start_step(self, slice_len: int) -> int | None:
+        """Steps between two window offsets of a segment (``None``: only offset 0)."""
+        if self.start == "any":
+            return 1
+        if self.start == "trajectory":
+            return None
+        return self.start_stride or max(slice_len // 2, 1)
 
     def _locate(self, segments: Segments, ranks: Tensor, slice_len: int):
         """Map ranks in ``[0, #valid windows)`` to (start position, real steps)."""
-        _, counts, cum, offsets = self._table
+        _, counts, cum, offsets, step = self._table
         ranks = ranks.numpy()
         seg = np.searchsorted(cum, ranks, side="right")
         window = ranks - cum[seg] + counts[seg]  # offset o in its segment
+        if step != 1:
+            window *= step
         if offsets is not None:
             window += offsets[seg]
         first = np.maximum(window, 0)
@@ -538,10 +573,10 @@ class SliceSampler(Sampler):
         index, is_start, is_end, mask = self._draw(storage, batch_size)
         return index, self._marks(storage, index, is_start, is_end, mask)
 
-    def _draw(self, storage: Storage, batch_size: int):
-        """``(index [n], is_start [n], is_end [n], mask [n] or None)`` of one batch: the
-        positions to read and where the marks go (what :meth:`sample` turns into ``info``
-        by reading the stored flags at ``index``)."""
+    def _windows(self, storage: Storage, batch_size: int) -> tuple[int, int, Segments, int]:
+        """``(num_slices, slice_len, segments, total)`` of a batch: the valid windows are
+        ranked ``0 .. total - 1`` (:meth:`_locate` maps ranks to slices); raises when there
+        is none."""
         self._check_nonempty(storage, type(self).__name__)
         num_slices, slice_len = self.slice_shape(batch_size)
         segments = self._sync(storage)
@@ -556,6 +591,13 @@ class SliceSampler(Sampler):
                 f"{longest} steps; fix: use strict_length=False, a smaller slice_len, or store "
                 "more data."
             )
+        return num_slices, slice_len, segments, total
+
+    def _draw(self, storage: Storage, batch_size: int):
+        """``(index [n], is_start [n], is_end [n], mask [n] or None)`` of one batch: the
+        positions to read and where the marks go (what :meth:`sample` turns into ``info``
+        by reading the stored flags at ``index``)."""
+        num_slices, slice_len, segments, total = self._windows(storage, batch_size)
         ranks = self._ranks(total, num_slices)
         start, length = self._locate(segments, ranks, slice_len)
         return self._slices(storage, start, length, slice_len)

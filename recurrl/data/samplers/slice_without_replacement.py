@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from tensordict.utils import NestedKey
@@ -67,6 +68,8 @@ class SliceSamplerWithoutReplacement(SliceSampler):
         generator: torch.Generator | None = None,
         min_slice_len: int | None = None,
         cache_values: bool = False,
+        start: Literal["any", "trajectory", "stride"] = "any",
+        start_stride: int | None = None,
     ) -> None:
         super().__init__(
             num_slices=num_slices, slice_len=slice_len, end_key=end_key, end_keys=end_keys,
@@ -76,5 +79,5 @@ class SliceSamplerWithoutReplacement(SliceSampler):
             strict_length=strict_length, compile=compile,
             span=span, use_gpu=use_gpu, pad_output=pad_output, replacement=False,
             drop_last=drop_last, shuffle=shuffle, generator=generator,
-            min_slice_len=min_slice_len,
+            min_slice_len=min_slice_len, start=start, start_stride=start_stride,
         )  # fmt: skip
