@@ -9,13 +9,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from tensordict import NestedKey, TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from recurrl.collectors._policy_plan import plan_policy
 from recurrl.collectors._wiring import MissingPolicyTransformsError, register_policy_transforms
 from recurrl.envs import EnvBase
-from recurrl.envs.utils import RESET_KEY, tensordict_of_checked
 from recurrl.modules import set_recurrent_mode
 
 __all__ = ["Collector", "MissingPolicyTransformsError"]
@@ -26,10 +25,6 @@ TRAJ_KEY = ("collector", "traj_ids")
 # (and, every few batches, the whole heap); chunks keep the live objects few.
 _CHUNK_STEPS = 32
 Policy = Callable[[TensorDictBase], TensorDictBase | None]
-
-
-def _tuple(key: NestedKey) -> tuple[str, ...]:
-    return (key,) if isinstance(key, str) else tuple(key)
 
 
 class Collector:
@@ -298,28 +293,28 @@ class Collector:
         if self._root is None or self.reset_at_each_iter:
             self._root = self._start()
         random = self.frames < self.init_random_frames
-        keys = ["done"] if "done" in env.done_spec else env.done_keys
-        done_keys = [("next", *_tuple(k)) for k in keys]  # looked up once per batch
+        # Step, next root and partial reset with their key bookkeeping planned once per
+        # specs version (the same hooks as env.step / step_mdp / reset; see StepPlan).
+        plan = env._step_plan()
         root = self._root
         steps: list[TensorDictBase] = []
         ids: list[torch.Tensor] = []
         chunks: list[TensorDictBase] = []
-        plan = None
         # The usual policy composition called without tensordict's generic machinery (same
         # result; see _policy_plan), re-planned every batch in case the policy was edited.
         policy = plan_policy(self.policy) or self.policy
         # One context for the whole batch, not one per step (it costs a few us each time).
         with torch.no_grad(), set_recurrent_mode(False):
-            for t in range(self._steps):
-                td = env.step(self._act(root, random, policy))
+            for _ in range(self._steps):
+                td = plan.step(self._act(root, random, policy))
                 steps.append(td)
                 ids.append(self._traj_ids)
-                done = _any_done(td, done_keys, env.batch_size)
-                if t == 0:
-                    plan = _MdpPlan.build(env, td)
-                root = plan(td) if plan is not None else env.step_mdp(td)
+                done = plan.done(td)
+                root = plan.next_root(td)
                 if bool(done.any()):
-                    root = self._reset_done(root, done)
+                    # As env.rollout does: reset the finished envs; they get new ids.
+                    root = plan.reset(root, done)
+                    self._new_ids(done)
                 if len(steps) == _CHUNK_STEPS:
                     chunks.append(self._stack(steps, ids))
                     steps, ids = [], []
@@ -329,15 +324,6 @@ class Collector:
         self.frames += self.frames_per_batch
         out = chunks[0] if len(chunks) == 1 else self._join(chunks)
         return out.to(self.storing_device) if out.device != self.storing_device else out
-
-    def _reset_done(self, root: TensorDictBase, done: torch.Tensor) -> TensorDictBase:
-        """Reset the finished envs (``done`` ``[*B]``) as ``env.rollout`` does; new ids."""
-        root.set(RESET_KEY, done.unsqueeze(-1))
-        reset_td = self.env.reset(root)
-        del root[RESET_KEY]
-        root.update(reset_td)
-        self._new_ids(done)
-        return root
 
     def _stack(self, steps: list[TensorDictBase], ids: list[torch.Tensor]) -> TensorDictBase:
         try:
@@ -487,43 +473,3 @@ def _check_traj_id_layout(offset: object, stride: object) -> None:
         )
 
 
-def _any_done(td: TensorDictBase, done_keys: list[NestedKey], batch: torch.Size) -> torch.Tensor:
-    """``[*B]`` bool: any done flag of ``td["next"]`` (keys given with ``"next"``) is set."""
-    flags = [td.get(k) for k in done_keys]
-    if len(flags) == 1:
-        flag = flags[0]  # [*B, 1]: the usual case
-        return flag.squeeze(-1) if flag.shape[-1:] == (1,) else flag.reshape(*batch, -1).any(-1)
-    return torch.cat([f.reshape(*batch, -1) for f in flags], -1).any(-1)
-
-
-class _MdpPlan:
-    """``env.step_mdp`` with its key bookkeeping done once per batch instead of every step.
-
-    ``step_mdp`` filters every leaf key by prefix at every step; the keys of a step do not
-    change within a batch (they are stacked at its end), so the root keys to keep and the
-    ``"next"`` keys to promote are listed from the first step and reused. Only built when
-    every key involved is a top-level string; otherwise the collector calls ``step_mdp``.
-    The result is the same TensorDict (tests compare the collector with ``env.rollout``).
-    """
-
-    def __init__(self, keep: list[str], promote: list[str]) -> None:
-        self.keep = keep
-        self.promote = promote
-
-    @classmethod
-    def build(cls, env: EnvBase, td: TensorDictBase) -> _MdpPlan | None:
-        promoted = [*env.observation_keys, *env.state_keys, *env.done_keys]
-        dropped = [*env.action_keys, *env.reward_keys]
-        if not all(isinstance(k, str) for k in (*promoted, *dropped)):
-            return None
-        next_keys = set(td.get("next").keys())
-        promote = [k for k in dict.fromkeys(promoted) if k in next_keys]
-        skip = {"next", RESET_KEY, *dropped, *promote}
-        return cls([k for k in td.keys() if k not in skip], promote)  # noqa: SIM118
-
-    def __call__(self, td: TensorDictBase) -> TensorDictBase:
-        nxt = td.get("next")
-        source = {k: td.get(k) for k in self.keep}
-        for k in self.promote:
-            source[k] = nxt.get(k)
-        return tensordict_of_checked(source, td.batch_size, td.device)

@@ -11,6 +11,7 @@ from tensordict import NestedKey, TensorDict, TensorDictBase
 from torch import nn
 
 from recurrl.envs._policy_arg import _EnvMeta
+from recurrl.envs._step_plan import StepPlan
 from recurrl.envs.specs import Categorical, Composite, TensorSpec, Unbounded
 from recurrl.envs.utils import (
     RESET_KEY,
@@ -18,6 +19,7 @@ from recurrl.envs.utils import (
     merge_reset,
     reset_mask_any_all,
     step_mdp,
+    write_checked,
 )
 
 if TYPE_CHECKING:
@@ -387,7 +389,14 @@ class EnvBase(nn.Module, metaclass=_EnvMeta):
         if mask is not None and tensordict is not None and not reset_mask_any_all(mask)[0]:
             # Nothing to reset: the current values are the answer.
             return tensordict.select(*(k for k, _ in kept), strict=False)
-        out = self._reset(tensordict, **kwargs)
+        out = self._completed_reset(self._reset(tensordict, **kwargs))
+        if mask is not None and tensordict is not None:
+            merge_reset(mask, out, tensordict, [k for k, _ in kept])
+        return out
+
+    def _completed_reset(self, out: Any) -> TensorDictBase:
+        """What ``_reset`` returned, checked to be a TensorDict, without ``"_reset"``, with
+        the done keys it omitted filled with False."""
         if not isinstance(out, TensorDictBase):
             raise TypeError(
                 f"{type(self).__name__}._reset: expected a TensorDict, received "
@@ -398,8 +407,6 @@ class EnvBase(nn.Module, metaclass=_EnvMeta):
         for key, spec in self._keys("done"):
             if out.get(key, None) is None:
                 out.set(key, spec.zero())
-        if mask is not None and tensordict is not None:
-            merge_reset(mask, out, tensordict, [k for k, _ in kept])
         return out
 
     # --- step ----------------------------------------------------------------------------
@@ -439,12 +446,59 @@ class EnvBase(nn.Module, metaclass=_EnvMeta):
             )
         self._complete_done(next_td)
         preset = tensordict.get("next", None)
-        if preset is not None:
-            written = next_td.keys(include_nested=True)
-            for key, value in preset.items(include_nested=True, leaves_only=True):
-                if key not in written:
-                    next_td.set(key, value)
+        if preset is None:
+            return next_td
+        flat = _flat_tensors(preset)
+        if flat is not None and type(next_td) is TensorDict:
+            # The usual case (a recurrent state written by the policy): top-level tensors.
+            written = next_td.keys()
+            write_checked(next_td, {k: v for k, v in flat.items() if k not in written})
+            return next_td
+        written = next_td.keys(include_nested=True)
+        for key, value in preset.items(include_nested=True, leaves_only=True):
+            if key not in written:
+                next_td.set(key, value)
         return next_td
+
+    def step_and_maybe_reset(
+        self, tensordict: TensorDictBase
+    ) -> tuple[TensorDictBase, TensorDictBase]:
+        """Step, build the next root, and reset the envs whose episode just ended.
+
+        The loop of a collector in one call: ``td = env.step(tensordict)``, ``root =
+        env.step_mdp(td)``, then, where any done key of ``td["next"]`` is set, those envs
+        are reset (``root["_reset"] = done; root.update(env.reset(root))``). The key
+        bookkeeping of the three is planned once per specs version, so a loop of this call
+        costs less than the three public calls (same results).
+
+        Args:
+            tensordict: TensorDict of batch ``[*B]`` holding the action.
+
+        Returns:
+            ``(td, root)``: ``td`` is ``tensordict`` with ``"next"`` written (store it);
+            ``root`` is a new TensorDict of batch ``[*B]``, the input of the next step, with
+            the reset envs' first observations and states.
+
+        Examples:
+            >>> from recurrl.testing import CountingEnv
+            >>> env = CountingEnv(batch_size=[2], max_steps=2)
+            >>> root = env.reset()
+            >>> for _ in range(3):
+            ...     td, root = env.step_and_maybe_reset(env.rand_action(root))
+            >>> td["next", "done"].squeeze(-1).tolist(), root["done"].squeeze(-1).tolist()
+            ([False, False], [False, False])
+        """
+        return self._step_plan()(tensordict)
+
+    def _step_plan(self) -> StepPlan:
+        """The :class:`~recurrl.envs._step_plan.StepPlan` of this env (cached per specs
+        version, which every change of specs or transforms bumps)."""
+        version = self._specs_version()
+        cached = self.__dict__.get("_step_plan_cache")
+        if cached is None or cached[0] != version:
+            cached = (version, StepPlan(self))
+            self.__dict__["_step_plan_cache"] = cached
+        return cached[1]
 
     def step_mdp(self, tensordict: TensorDictBase) -> TensorDictBase:
         """The root TensorDict of the next step (see :func:`recurrl.envs.utils.step_mdp`).
@@ -648,6 +702,17 @@ class EnvBase(nn.Module, metaclass=_EnvMeta):
 _STEP_CHECKED = ("observation", "reward", "done")
 _DONE_KEY_SET = set(_DONE_KEYS)
 _FULL_CHECKS = 3  # calls of reset / step validated in full against the specs
+
+
+def _flat_tensors(tensordict: TensorDictBase) -> dict[str, torch.Tensor] | None:
+    """The entries of a plain ``TensorDict`` whose values are all tensors (no sub-TensorDict),
+    else ``None``."""
+    inner = getattr(tensordict, "_tensordict", None)
+    if type(tensordict) is not TensorDict or inner is None:
+        return None
+    if all(type(v) is torch.Tensor for v in inner.values()):
+        return inner
+    return None
 
 
 def _as_tuple(key: NestedKey) -> tuple[str, ...]:

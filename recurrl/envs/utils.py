@@ -250,6 +250,7 @@ def merge_reset(
                 [1., 1., 1.]])
     """
     views: dict[int, torch.Tensor] = {}
+    merged: dict = {}
     for key in keys:
         value = current.get(key, None)
         if value is None:
@@ -263,7 +264,12 @@ def merge_reset(
             views[fresh.ndim] = view
         if value.device != fresh.device:
             value = value.to(fresh.device)
-        reset.set(key, torch.where(view, fresh, value))
+        merged[key] = torch.where(view, fresh, value)
+    if all(isinstance(key, str) for key in merged):
+        write_checked(reset, merged)
+    else:
+        for key, value in merged.items():
+            reset.set(key, value)
     return reset
 
 
@@ -292,3 +298,36 @@ def tensordict_of_checked(
     if _NEW_UNSAFE is None:  # pragma: no cover - every supported tensordict has it
         return TensorDict(entries, batch_size=batch_size, device=device)
     return _NEW_UNSAFE(entries, batch_size=batch_size, device=device)
+
+
+def write_checked(tensordict: TensorDictBase, entries: dict[str, torch.Tensor]) -> None:
+    """``tensordict.set(key, value)`` for every entry, without re-validating values that fit.
+
+    For a plain, unlocked ``TensorDict`` with a device, each tensor whose leading dims are
+    ``tensordict.batch_size`` and which lives on that device is stored directly (what
+    ``set`` would store after its checks); anything else goes through ``set``. Keys are
+    top-level strings.
+
+    Examples:
+        >>> td = TensorDict({}, batch_size=[2], device="cpu")
+        >>> write_checked(td, {"a": torch.zeros(2, 3)})
+        >>> td["a"].shape
+        torch.Size([2, 3])
+    """
+    inner = getattr(tensordict, "_tensordict", None)
+    if type(tensordict) is not TensorDict or inner is None or tensordict.is_locked:
+        for key, value in entries.items():
+            tensordict.set(key, value)
+        return
+    device, batch = tensordict.device, tensordict.batch_size
+    dims = len(batch)
+    for key, value in entries.items():
+        if (
+            device is not None
+            and isinstance(value, torch.Tensor)
+            and value.device == device
+            and value.shape[:dims] == batch
+        ):
+            inner[key] = value
+        else:
+            tensordict.set(key, value)

@@ -81,6 +81,37 @@ class InitTracker(Transform):
         next_tensordict.set(self.init_key, self._flag(next_tensordict, False))
         return next_tensordict
 
+    def _fused_step(
+        self, tensordict: TensorDictBase, next_tensordict: TensorDictBase, new: dict
+    ) -> bool:
+        if not isinstance(self.init_key, str):
+            return False
+        new[self.init_key] = self._flag(next_tensordict, False)
+        return True
+
+    def _fused_reset(
+        self,
+        tensordict: TensorDictBase,
+        tensordict_reset: TensorDictBase,
+        new: dict,
+        mask: torch.Tensor | None,
+    ) -> bool:
+        if not isinstance(self.init_key, str) or self.reset_key != RESET_KEY:
+            return False
+        if mask is None:
+            new[self.init_key] = self._flag(tensordict_reset, True)
+            return True
+        current = tensordict.get(self.init_key, None)
+        if (
+            current is None
+            or current.dtype != torch.bool
+            or current.shape != (*mask.shape, 1)
+            or not current.device == mask.device == self._device(tensordict_reset)
+        ):
+            return False  # _reset's general case
+        new[self.init_key] = current | mask.unsqueeze(-1)
+        return True
+
     def transform_observation_spec(self, observation_spec: Composite) -> Composite:
         if self.init_key in observation_spec:
             raise ValueError(

@@ -260,6 +260,44 @@ class TensorDictPrimer(Transform):
             tensordict_reset.set(key, where_reset(mask, self._fresh(key, spec, shared), current))
         return tensordict_reset
 
+    def _fused_reset(
+        self,
+        tensordict: TensorDictBase,
+        tensordict_reset: TensorDictBase,
+        new: dict,
+        mask: torch.Tensor | None,
+    ) -> bool:
+        if self.reset_key != RESET_KEY or self.random:
+            return False
+        batch_size = tensordict_reset.batch_size
+        for key, spec in self._leaves(batch_size, self._device(tensordict_reset)):
+            fill = self._fill_value(key)
+            if not isinstance(key, str) or fill is None:
+                return False
+            if mask is None:
+                new[key] = self._fresh(key, spec, None)
+                continue
+            current = tensordict.get(key, None)
+            if not _same_layout(current, spec, mask):
+                return False  # _reset's general case
+            view = mask.reshape(*mask.shape, *[1] * (current.ndim - mask.ndim))
+            new[key] = current.masked_fill(view, fill)
+        return True
+
+    def _fused_step(
+        self, tensordict: TensorDictBase, next_tensordict: TensorDictBase, new: dict
+    ) -> bool:
+        for key in self.out_keys:
+            if not isinstance(key, str):
+                return False
+            if key in new or next_tensordict.get(key, None) is not None:
+                continue  # the policy (or an earlier transform) wrote the next value
+            current = tensordict.get(key, None)
+            if current is None:
+                return False  # _step raises, naming the key
+            new[key] = current
+        return True
+
     def _fill_value(self, key: NestedKey) -> float | None:
         """The number ``key`` is reset to, or ``None`` (random or callable initial values)."""
         if self.random:

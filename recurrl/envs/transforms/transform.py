@@ -120,6 +120,37 @@ class Transform(nn.Module):
         """
         return next_tensordict
 
+    # --- fused hooks (optional; the step loop of collection) -----------------------------
+    # A transform class may give, in its own class body (a subclass does not inherit them),
+    # these two faster forms of _step and of a _reset, for StepPlan (what a collector and
+    # env.step_and_maybe_reset run). Each writes the values of the transform's out_keys
+    # (top-level string keys) into ``new`` instead of into a TensorDict, reading what _step /
+    # _reset read, and returns True; or returns False, and the env then calls _step /
+    # _reset of every transform instead (nothing written to ``new`` is used). They must
+    # give exactly what _step / _reset give; the env uses them only when every transform
+    # of the env has them (tests compare the two paths).
+    def _fused_step(
+        self,
+        tensordict: TensorDictBase,
+        next_tensordict: TensorDictBase,
+        new: dict[str, Any],
+    ) -> bool:
+        """:meth:`_step` writing into ``new`` (keys earlier transforms wrote are there too,
+        not in ``next_tensordict``). Default: no fused form."""
+        return False
+
+    def _fused_reset(
+        self,
+        tensordict: TensorDictBase,
+        tensordict_reset: TensorDictBase,
+        new: dict[str, Any],
+        mask: Any,
+    ) -> bool:
+        """:meth:`_reset` writing into ``new``: ``mask`` is ``None`` for a reset of every
+        env (``tensordict`` then has no ``"_reset"``), else the ``[*B]`` bool mask of a
+        partial reset (some but not all envs). Default: no fused form."""
+        return False
+
     # --- spec hooks (Composite in, Composite out) ----------------------------------------
     def transform_observation_spec(self, observation_spec: Composite) -> Composite:
         """Edit the observation Composite."""
