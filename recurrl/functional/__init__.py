@@ -16,6 +16,7 @@ from recurrl.functional.precision import (
     resolve_recurrent_matmul_precision,
     set_recurrent_matmul_precision,
 )
+from recurrl.functional.priority import sequence_priority
 from recurrl.functional.recurrent import (
     RECURRENT_BACKENDS,
     CellKind,
@@ -34,6 +35,7 @@ from recurrl.functional.returns import (
 )
 from recurrl.functional.rnn import GRU, LSTM, GRUCell, LSTMCell
 from recurrl.functional.sequences import segment_starts, split_pieces, trajectory_ends
+from recurrl.functional.value_rescale import signed_hyperbolic, signed_parabolic
 
 __all__ = [
     "GRU",
@@ -59,7 +61,10 @@ __all__ = [
     "resolve_backend",
     "resolve_recurrent_matmul_precision",
     "segment_starts",
+    "sequence_priority",
     "set_recurrent_matmul_precision",
+    "signed_hyperbolic",
+    "signed_parabolic",
     "split_pieces",
     "td0_return_estimate",
     "td_lambda_return_estimate",

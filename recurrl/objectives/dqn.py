@@ -14,7 +14,14 @@ over the same slices from the same stored states. Gradients still flow back into
 through the hidden state of later steps (R2D2 stops them there). Optionally, sequences that
 start an episode (exact zero state) are not burned in (``burn_in_episode_starts=False``).
 
-Targets are one-step or ``n_steps``-step returns cut at every sequence end.
+Targets are one-step or ``n_steps``-step returns cut at every sequence end, optionally
+through R2D2's value rescaling (``value_rescale=True``: ``h(sum_i gamma^i r_i + gamma^n
+h^-1(Q'))``, :func:`~recurrl.functional.signed_hyperbolic`).
+
+Prioritized replay: a batch with ``"_weight"`` (per step, from
+:class:`~recurrl.data.PrioritizedSliceSampler`) weights each step's loss by it, and every
+call writes the per-step ``|TD error|`` into the input TensorDict under ``"td_error"`` (0 at
+the steps out of the loss), for the replay buffer's priority update.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from recurrl.functional.returns import td0_return_estimate
+from recurrl.functional.value_rescale import signed_hyperbolic, signed_parabolic
 from recurrl.objectives.common import (
     LossModule,
     burn_in_mask,
@@ -75,6 +83,26 @@ class DQNLoss(LossModule):
             :class:`HardUpdate`/:class:`SoftUpdate`); else bootstrap with the online network
             (without gradient). Default True.
         loss_function: ``"smooth_l1"``, ``"l2"`` or ``"l1"``. Default ``"smooth_l1"``.
+        value_rescale: R2D2's invertible value rescaling (Pohlen et al. 2018): the network
+            regresses ``h(G)`` and targets are ``h(sum_{i<m} gamma^i r_{t+i} + gamma^m
+            h^-1(Q'(s_{t+m})))`` with ``h`` = :func:`~recurrl.functional.signed_hyperbolic`,
+            ``h^-1`` = :func:`~recurrl.functional.signed_parabolic`. Q-values are then in
+            the rescaled space (greedy actions are unchanged: ``h`` is increasing). Default
+            False.
+        value_rescale_eps: the ``eps`` of ``h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x``.
+            Default ``1e-3`` (R2D2).
+
+    Prioritized replay (keys ``priority_weight`` = ``"_weight"`` and ``priority`` =
+    ``"td_error"``, renamed with :meth:`set_keys`): if the batch has ``"_weight"`` ``[*B]``
+    (or ``[*B, 1]``), as :class:`~recurrl.data.PrioritizedSliceSampler` writes per step,
+    the loss is ``sum_t w_t l_t / K`` over the ``K`` steps in the loss (:meth:`loss_mask`):
+    the mean of the weighted step losses, not divided by the sum of the weights. The
+    sampler already divides the weights by their largest possible value, so ``w <= 1`` and
+    the weights only scale steps down, as in prioritized replay (Schaul et al. 2015).
+    Every call also writes ``|target - Q(s, a)|`` per step into the input TensorDict under
+    ``"td_error"`` (``[*B]``, detached, 0 at burn-in and padded steps); the priority of a
+    replayed slice is computed from it over the :meth:`loss_mask` steps only
+    (:func:`~recurrl.functional.sequence_priority`).
 
     Batch: ``"action"`` (integer ``[*B]``/``[*B, 1]`` or one-hot ``[*B, num_actions]``),
     ``"is_init"``, ``("next", "reward"|"done"|"terminated")``, optionally
@@ -107,6 +135,8 @@ class DQNLoss(LossModule):
         is_init: NestedKey = "is_init"
         mask: NestedKey = ("collector", "mask")
         step_count: NestedKey = "step_count"
+        priority: NestedKey = "td_error"
+        priority_weight: NestedKey = "_weight"
 
     def __init__(
         self,
@@ -119,6 +149,8 @@ class DQNLoss(LossModule):
         loss_function: str = "smooth_l1",
         n_steps: int = 1,
         burn_in_episode_starts: bool = True,
+        value_rescale: bool = False,
+        value_rescale_eps: float = 1e-3,
     ) -> None:
         super().__init__()
         if not isinstance(value_network, TensorDictModuleBase):
@@ -143,6 +175,18 @@ class DQNLoss(LossModule):
             )
         if not 0.0 <= gamma <= 1.0:
             raise ValueError(f"DQNLoss: expected gamma in [0, 1], received {gamma!r}.")
+        if not isinstance(value_rescale, bool):
+            raise ValueError(
+                f"DQNLoss: expected value_rescale to be a bool, received {value_rescale!r}."
+            )
+        if (
+            isinstance(value_rescale_eps, bool) or not isinstance(value_rescale_eps, (int, float))
+            or not value_rescale_eps >= 0
+        ):  # fmt: skip
+            raise ValueError(
+                f"DQNLoss: expected value_rescale_eps to be a number >= 0, received "
+                f"{value_rescale_eps!r}; fix: value_rescale_eps=1e-3 (R2D2)."
+            )
         self.value_network = value_network
         self.target_value_network: nn.Module | None = None
         if delay_value:
@@ -156,6 +200,8 @@ class DQNLoss(LossModule):
         self.burn_in_episode_starts = bool(burn_in_episode_starts)
         self.delay_value = delay_value
         self.loss_function = loss_function
+        self.value_rescale = value_rescale
+        self.value_rescale_eps = float(value_rescale_eps)
 
     def _target_network_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         if self.target_value_network is None:
@@ -243,6 +289,35 @@ class DQNLoss(LossModule):
         fresh = step_count.gather(-1, first) == 0  # the sequence starts an episode
         return burned & ~fresh
 
+    def loss_mask(self, tensordict: TensorDictBase) -> Tensor:
+        """``[*B]`` bool: the steps that enter the loss (and the priorities): real steps
+        (``("collector", "mask")``) that are not burned in.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from tensordict.nn import TensorDictModule
+            >>> q = TensorDictModule(torch.nn.Linear(2, 3), ["obs"], ["action_value"])
+            >>> is_init = torch.tensor([True, False, False, True, False])
+            >>> td = TensorDict({"is_init": is_init.unsqueeze(-1)}, [5])
+            >>> DQNLoss(q, burn_in=1).loss_mask(td)
+            tensor([False,  True,  True, False,  True])
+        """
+        mask = step_mask(tensordict, self.tensor_keys.mask)
+        if self.burn_in:
+            keep = ~self._burned_in(tensordict)
+            mask = keep if mask is None else mask & keep
+        if mask is None:
+            mask = torch.ones(tensordict.batch_size, dtype=torch.bool, device=tensordict.device)
+        return mask
+
+    def _weights(self, td: TensorDictBase) -> Tensor | None:
+        """``[*B]`` importance weights of a prioritized sample, or None."""
+        key = self.tensor_keys.priority_weight
+        if td.get(key, None) is None:
+            return None
+        return per_step(td, key, "DQNLoss")
+
     def _distance(self, q: Tensor, target: Tensor) -> Tensor:
         if self.loss_function == "smooth_l1":
             return F.smooth_l1_loss(q, target, reduction="none")
@@ -263,15 +338,23 @@ class DQNLoss(LossModule):
         q_sa = self._chosen(q, action, td.batch_dims)
         with torch.no_grad():
             q_next = self._next_q(td, q_next_online)
+            if self.value_rescale:  # bootstrap in the raw return space
+                q_next = signed_parabolic(q_next, self.value_rescale_eps)
             reward = per_step(td, _next(k.reward), "DQNLoss").to(q.dtype)
             term = per_step(td, _next(k.terminated), "DQNLoss").bool()
             target = td0_return_estimate(self.gamma, q_next, reward, term)
             if self.n_steps > 1:
                 target = self._n_step(td, target, q_next, reward, term)
-        mask = step_mask(td, k.mask)
-        if self.burn_in:
-            keep = ~self._burned_in(td)
-            mask = keep if mask is None else mask & keep
-        loss = masked_mean(self._distance(q_sa, target), mask)
-        td_error = masked_mean((q_sa - target).abs(), mask).detach()
-        return TensorDict({"loss": loss, "td_error": td_error}, batch_size=[])
+            if self.value_rescale:
+                target = signed_hyperbolic(target, self.value_rescale_eps)
+        mask = self.loss_mask(td)
+        step_loss = self._distance(q_sa, target)
+        weight = self._weights(td)
+        if weight is not None:  # mean of w_t * l_t over the K steps in the loss
+            step_loss = step_loss * weight.to(step_loss.dtype)
+        loss = masked_mean(step_loss, mask)
+        with torch.no_grad():
+            error = (q_sa - target).abs().masked_fill(~mask, 0.0)
+        # as the reference: written into the input for the buffer's priority update
+        td.set(k.priority, error)
+        return TensorDict({"loss": loss, "td_error": masked_mean(error, mask)}, batch_size=[])

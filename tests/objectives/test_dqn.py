@@ -101,16 +101,7 @@ def test_n_step_matches_reference(double, n_steps, shape):
 def test_n_step_target_by_hand():
     # Q = 0 everywhere (zero head): the target is the discounted reward sum up to the
     # sequence end, cut by the slice start at t=3 and the terminal step t=4
-    q = Mod(torch.nn.Linear(1, 2), ["obs"], ["action_value"])
-    torch.nn.init.zeros_(q.module.weight), torch.nn.init.zeros_(q.module.bias)
-    z = torch.zeros(6, 1, dtype=torch.bool)
-    td = TensorDict({
-        "obs": torch.zeros(6, 1), "action": torch.zeros(6, dtype=torch.long),
-        "is_init": z.clone().index_fill_(0, torch.tensor([0, 3]), True),
-        "next": {"obs": torch.zeros(6, 1), "reward": torch.tensor([1.0, 2, 4, 8, 16, 32])[:, None],
-                 "done": z.clone().index_fill_(0, torch.tensor([4, 5]), True),
-                 "terminated": z.clone().index_fill_(0, torch.tensor([4]), True)},
-    }, [6])  # fmt: skip
+    q, td = _constant_q(0.0), _by_hand_batch()
     loss = DQNLoss(q, gamma=0.5, n_steps=3, loss_function="l1")
     # targets: 1 + 1 + 1 = 3, 2 + 2 = 4, 4, 8 + 8 = 16, 16, 32 (|0 - y| averaged)
     torch.testing.assert_close(loss(td)["loss"], torch.tensor((3 + 4 + 4 + 16 + 16 + 32) / 6))
@@ -287,3 +278,132 @@ def test_errors():
         SoftUpdate(DQNLoss(q), tau=0.0)
     with pytest.raises(ValueError, match="valid keys"):
         DQNLoss(q).set_keys(qvalue="q")
+
+
+# -- burn-in gradients, prioritized replay, value rescaling ---------------------------------
+def _by_hand_batch():
+    """Six steps, two slices (starts 0 and 3), the second ends in a terminal step; with a
+    zero Q-head the l1 step losses are the targets 3, 4, 4, 16, 16, 32 (gamma 0.5, 3 steps)."""
+    z = torch.zeros(6, 1, dtype=torch.bool)
+    return TensorDict({
+        "obs": torch.zeros(6, 1), "action": torch.zeros(6, dtype=torch.long),
+        "is_init": z.clone().index_fill_(0, torch.tensor([0, 3]), True),
+        "next": {"obs": torch.zeros(6, 1), "reward": torch.tensor([1.0, 2, 4, 8, 16, 32])[:, None],
+                 "done": z.clone().index_fill_(0, torch.tensor([4, 5]), True),
+                 "terminated": z.clone().index_fill_(0, torch.tensor([4]), True)},
+    }, [6])  # fmt: skip
+
+
+def _constant_q(value: float = 0.0):
+    q = Mod(torch.nn.Linear(1, 2), ["obs"], ["action_value"])
+    torch.nn.init.zeros_(q.module.weight)
+    torch.nn.init.constant_(q.module.bias, value)
+    return q
+
+
+def test_burn_in_observations_get_no_gradient_through_the_targets():
+    """A feed-forward Q-network: the observations of burned-in steps get no gradient (their
+    own Q-values are out of the loss, bootstrap values carry none). A recurrent one: they do,
+    through the hidden state of the trained steps (R2D2's stop-gradient at the end of the
+    burn-in is not applied; docs/implementation_details.md, section 12)."""
+    td = make_batch((12,), states=(), seed=9, n_actions=N_ACT)
+    td["is_init"][:] = False
+    td["is_init"][torch.tensor([0, 5, 8])] = True
+    burned = torch.zeros(12, dtype=torch.bool)
+    burned[torch.tensor([0, 1, 5, 6, 8, 9])] = True
+    ff = Mod(torch.nn.Linear(3, N_ACT), ["obs"], ["action_value"])
+    for net, states in ((ff, ()), _net("gru")):
+        states = () if net is ff else states.state_keys
+        batch = make_batch((12,), states=states, seed=9, n_actions=N_ACT)
+        batch["is_init"], batch["next"] = td["is_init"], td["next"]
+        batch["obs"].requires_grad_(True)
+        DQNLoss(net, burn_in=2)(batch)["loss"].backward()
+        grad = batch["obs"].grad.abs().sum(-1)
+        assert (grad[~burned] > 0).all()
+        if net is ff:
+            assert (grad[burned] == 0).all()
+        else:  # the step before each trained step feeds its hidden state
+            assert (grad[torch.tensor([1, 6, 9])] > 0).all()
+
+
+@pytest.mark.parametrize("burn_in", [0, 1])
+def test_importance_weights_by_hand(burn_in):
+    td = _by_hand_batch()
+    w = torch.tensor([1.0, 0.5, 0.25, 1.0, 0.1, 0.8])
+    td["_weight"] = w
+    loss = DQNLoss(_constant_q(), gamma=0.5, n_steps=3, loss_function="l1", burn_in=burn_in)
+    y = torch.tensor([3.0, 4, 4, 16, 16, 32])
+    kept = torch.tensor([True] * 6) if burn_in == 0 else torch.tensor([0, 1, 1, 0, 1, 1]).bool()
+    # mean of w_t * l_t over the K steps in the loss (not divided by the sum of the weights)
+    expect = (w * y)[kept].sum() / kept.sum()
+    torch.testing.assert_close(loss(td)["loss"], expect)
+    td["_weight"] = w.unsqueeze(-1)  # [*B, 1] as well
+    torch.testing.assert_close(loss(td)["loss"], expect)
+    # padded steps (mask False, weight 0 from the sampler) stay out of the count
+    td["collector", "mask"] = torch.tensor([1, 1, 1, 1, 1, 0]).bool()
+    kept[5] = False
+    torch.testing.assert_close(loss(td)["loss"], (w * y)[kept].sum() / kept.sum())
+
+
+def test_td_errors_are_written_per_step_and_zero_out_of_the_loss():
+    from recurrl.functional import sequence_priority
+
+    td = _by_hand_batch()
+    td["collector", "mask"] = torch.tensor([1, 1, 1, 1, 1, 0]).bool()
+    loss = DQNLoss(_constant_q(), gamma=0.5, n_steps=3, loss_function="l1", burn_in=1)
+    out = loss(td)
+    assert td["td_error"].tolist() == [0.0, 4.0, 4.0, 0.0, 16.0, 0.0]  # burn-in, padding: 0
+    assert not td["td_error"].requires_grad
+    torch.testing.assert_close(out["td_error"], torch.tensor(8.0))  # mean over the loss steps
+    keep = loss.loss_mask(td)
+    assert keep.tolist() == [False, True, True, False, True, False]
+    first, prio = sequence_priority(td["td_error"], td["is_init"].squeeze(-1), keep, eta=0.5)
+    assert first.tolist() == [0, 3]
+    torch.testing.assert_close(prio, torch.tensor([4.0, 16.0]))
+    # a burn-in step's error (here a huge reward there) changes no priority
+    td2 = td.clone()
+    td2["next", "reward"][0] += 1000.0
+    td2["next", "reward"][3] += 1000.0
+    loss(td2)
+    again = sequence_priority(td2["td_error"], td2["is_init"].squeeze(-1), keep, eta=0.5)
+    torch.testing.assert_close(again[1], prio)
+    # renamed key
+    loss.set_keys(priority="priority")
+    loss(td)
+    assert td["priority"].tolist() == td["td_error"].tolist()
+
+
+def test_value_rescaling_target_by_hand():
+    from recurrl.functional import signed_hyperbolic as h
+    from recurrl.functional import signed_parabolic as h_inv
+
+    td = _by_hand_batch()
+    c = 3.0  # every Q-value (online and target)
+    loss = DQNLoss(_constant_q(c), gamma=0.5, n_steps=1, loss_function="l1",
+                   value_rescale=True)  # fmt: skip
+    r = td["next", "reward"].squeeze(-1)
+    term = td["next", "terminated"].squeeze(-1)
+    boot = torch.where(term, torch.zeros(()), 0.5 * h_inv(torch.tensor(c)))
+    target = h(r + boot)
+    torch.testing.assert_close(loss(td)["loss"], (c - target).abs().mean())
+    # 3-step: h(sum of rewards + gamma^m h^-1(Q')) with the cuts of the plain target
+    loss3 = DQNLoss(_constant_q(c), gamma=0.5, n_steps=3, loss_function="l1",
+                    value_rescale=True, value_rescale_eps=0.01)  # fmt: skip
+    raw = h_inv(torch.tensor(c), 0.01)
+    g = torch.stack([
+        1 + 0.5 * 2 + 0.25 * 4 + 0.125 * raw, 2 + 0.5 * 4 + 0.25 * raw, 4 + 0.5 * raw,
+        8 + 0.5 * 16 + 0 * raw, 16 + 0 * raw, 32 + 0.5 * raw,
+    ])  # fmt: skip
+    torch.testing.assert_close(loss3(td)["loss"], (c - h(g, 0.01)).abs().mean())
+    # off by default: the plain target
+    plain = DQNLoss(_constant_q(c), gamma=0.5, n_steps=1, loss_function="l1")
+    expect = (c - (r + torch.where(term, 0.0, 0.5 * c))).abs().mean()
+    torch.testing.assert_close(plain(td)["loss"], expect)
+
+
+def test_value_rescale_errors():
+    q = _constant_q()
+    with pytest.raises(ValueError, match="value_rescale to be a bool"):
+        DQNLoss(q, value_rescale=1)
+    with pytest.raises(ValueError, match="value_rescale_eps"):
+        DQNLoss(q, value_rescale=True, value_rescale_eps=-1e-3)
