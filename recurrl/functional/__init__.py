@@ -9,6 +9,7 @@ from recurrl.functional.cells import (
     lstm_cell,
     lstm_cell_from_projection,
 )
+from recurrl.functional.linear_recurrence import linear_recurrence
 from recurrl.functional.precision import (
     RecurrentMatmulPrecision,
     RecurrentMatmulPrecisionUserMode,
@@ -53,6 +54,7 @@ __all__ = [
     "get_recurrent_matmul_precision",
     "gru_cell",
     "gru_cell_from_projection",
+    "linear_recurrence",
     "lstm_cell",
     "lstm_cell_from_projection",
     "recurrent_unroll",
