@@ -17,6 +17,7 @@ from recurrl.functional.rnn import GRU, LSTM, GRUCell, LSTMCell
 from recurrl.modules.gru import GRUModule
 from recurrl.modules.lstm import LSTMModule
 from recurrl.modules.lstm_net import LSTMNet
+from recurrl.modules.mingru import MinGRU, MinGRUModule
 from recurrl.modules.mlp import MLP
 from recurrl.modules.recurrent import RecurrentModule
 from recurrl.modules.recurrent_mode import recurrent_mode, set_recurrent_mode
@@ -30,6 +31,8 @@ __all__ = [
     "LSTMCell",
     "LSTMModule",
     "LSTMNet",
+    "MinGRU",
+    "MinGRUModule",
     "RecurrentMatmulPrecision",
     "RecurrentMatmulPrecisionUserMode",
     "RecurrentModule",

@@ -10,9 +10,11 @@ Semantics shared by every backend (the recurrent-mode contract of recurrl):
 
 Backends (:data:`RECURRENT_BACKEND_REGISTRY`): ``"pad"`` (split at resets, torch's fused
 kernels), ``"scan"`` (time loop with ``where``), ``"triton"`` (GPU kernel; see
-:func:`triton_unavailable_reason`), and ``"auto"``, which picks one. Cells
-(:mod:`~recurrl.functional.recurrent.cell`): ``"lstm"``, ``"gru"`` and any registered kind;
-each backend declares the kinds it runs and refuses the others by name.
+:func:`triton_unavailable_reason`), ``"assoc"`` (reset-aware parallel scan, linear-recurrent
+cells only) and ``"auto"``, which picks one. Cells
+(:mod:`~recurrl.functional.recurrent.cell`): ``"lstm"``, ``"gru"``, ``"mingru"``
+(:mod:`~recurrl.functional.recurrent.linear_cells`) and any registered kind; each backend
+declares the kinds it runs and refuses the others by name.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from torch import Tensor
 
 from recurrl.functional.precision import validate_recurrent_matmul_precision
+from recurrl.functional.recurrent.assoc import assoc_refuses, assoc_unroll
 from recurrl.functional.recurrent.cell import (
     CELL_KINDS,
     CellKind,
@@ -32,6 +35,7 @@ from recurrl.functional.recurrent.cell import (
     register_cell_kind,
 )
 from recurrl.functional.recurrent.config import LayerWeights, RNNConfig
+from recurrl.functional.recurrent.linear_cells import LinearCellKind
 from recurrl.functional.recurrent.pad import Runner, fused_runner, pad_unroll
 from recurrl.functional.recurrent.scan import scan_unroll
 from recurrl.functional.recurrent.step import recurrent_step
@@ -50,6 +54,7 @@ __all__ = [
     "RECURRENT_RECOMPUTE",
     "CellKind",
     "LayerWeights",
+    "LinearCellKind",
     "RNNConfig",
     "RecurrentBackend",
     "RecurrentOptions",
@@ -65,10 +70,10 @@ __all__ = [
     "triton_unavailable_reason",
 ]
 
-RecurrentBackendName = Literal["pad", "scan", "triton", "auto"]
+RecurrentBackendName = Literal["pad", "scan", "triton", "assoc", "auto"]
 RecurrentRecompute = Literal["none", "full"]
 #: The built-in backend names (``"auto"`` picks one of the others).
-RECURRENT_BACKENDS: tuple[str, ...] = ("pad", "scan", "triton", "auto")
+RECURRENT_BACKENDS: tuple[str, ...] = ("pad", "scan", "triton", "assoc", "auto")
 RECURRENT_RECOMPUTE: tuple[str, ...] = ("none", "full")
 _COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -244,7 +249,9 @@ def resolve_backend(backend: str, x: Tensor, *, python_based: bool, mode: str = 
     (it is the only backend without data-dependent shapes), ``pad`` on CUDA (cuDNN) and for
     the LSTM on CPU (oneDNN's fused LSTM on a few merged time windows), and ``scan`` for the GRU on
     CPU, where torch's GRU kernel pays a large fixed cost per time step that the fused scan
-    loop avoids. A cell without a fused sequence operator always gets ``scan``. The figures
+    loop avoids. A linear-recurrent cell gets ``assoc`` (its parallel scan; ``scan`` under
+    ``torch.compile``/``vmap``), any other cell without a fused sequence operator ``scan``.
+    The figures
     behind these choices are in ``benchmarks/README.md``.
     ``auto`` never picks ``triton``: its kernel has not been timed against cuDNN yet
     (``benchmarks/triton_gpu.py``), so it is used only when asked for by name.
@@ -255,12 +262,18 @@ def resolve_backend(backend: str, x: Tensor, *, python_based: bool, mode: str = 
         'scan'
         >>> resolve_backend("pad", torch.zeros(1), python_based=True)
         'pad'
+        >>> resolve_backend("auto", torch.zeros(1), python_based=False, mode="mingru")
+        'assoc'
     """
     if backend != "auto":
         return backend
-    if python_based or torch.compiler.is_compiling() or torch._C._functorch.is_batchedtensor(x):
+    if torch.compiler.is_compiling() or torch._C._functorch.is_batchedtensor(x):
         return "scan"
     kind = get_cell_kind(mode)
+    if isinstance(kind, LinearCellKind):  # python-native torch ops only, like scan
+        return "assoc"
+    if python_based:
+        return "scan"
     if not kind.has_fused_sequence:
         return "scan"
     if x.device.type == "cuda" or kind.auto_pad_on_cpu:
@@ -393,6 +406,13 @@ def _scan(cfg, flat_weights, x, states, is_init, options, *, training, python_ba
     )  # fmt: skip
 
 
+def _assoc(cfg, flat_weights, x, states, is_init, options, *, training, python_based, runner):
+    return assoc_unroll(
+        cfg, flat_weights, x, states, is_init, training=training,
+        recompute=options.recompute == "full",
+    )  # fmt: skip
+
+
 def _triton(cfg, flat_weights, x, states, is_init, options, *, training, python_based, runner):
     return triton_unroll(
         cfg, flat_weights, x, states, is_init, training=training,
@@ -431,4 +451,5 @@ register_recurrent_backend(RecurrentBackend("scan", _scan, lambda kind, python_b
 register_recurrent_backend(
     RecurrentBackend("triton", _triton, _triton_refuses, check=_triton_check)
 )
+register_recurrent_backend(RecurrentBackend("assoc", _assoc, assoc_refuses))
 _DEFAULT_OPTIONS = RecurrentOptions()

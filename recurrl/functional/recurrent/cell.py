@@ -98,6 +98,9 @@ class CellKind:
         gates: blocks of ``hidden_size`` rows in ``weight_ih``/``weight_hh`` (``G``).
         state_names: one name per state tensor, ``h`` first (``("h", "c")`` for the LSTM).
         supports_proj: whether ``proj_size > 0`` is meaningful (the LSTM only).
+        recurrent_weights: the layers have ``weight_hh`` (and ``bias_hh``); False for cells
+            whose state update reads no matrix of the state (linear-recurrent cells such as
+            minGRU: per layer only ``weight_ih[, bias_ih]``).
         auto_pad_on_cpu: ``recurrent_backend="auto"`` picks ``pad`` on CPU for this cell
             (measured faster there than ``scan``: the LSTM); otherwise ``scan`` on CPU.
         pad: what the ``pad`` family's frozen and flush layouts need, or ``None`` when the
@@ -109,6 +112,7 @@ class CellKind:
     gates: ClassVar[int]
     state_names: ClassVar[tuple[str, ...]] = ("h",)
     supports_proj: ClassVar[bool] = False
+    recurrent_weights: ClassVar[bool] = True
     auto_pad_on_cpu: ClassVar[bool] = False
     pad: ClassVar[PadGates | None] = None
 
@@ -327,7 +331,7 @@ def get_cell_kind(name: str) -> CellKind:
         >>> get_cell_kind("rnn")
         Traceback (most recent call last):
         ...
-        ValueError: unknown recurrent cell mode 'rnn': expected one of ['gru', 'lstm']...
+        ValueError: unknown recurrent cell mode 'rnn': expected one of ['gru', 'lstm', 'mingru']...
     """
     kind = CELL_KINDS.get(name) if isinstance(name, str) else None
     if kind is None:

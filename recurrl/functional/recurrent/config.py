@@ -16,10 +16,15 @@ __all__ = ["LayerWeights", "RNNConfig", "drive_layers"]
 
 
 class LayerWeights(NamedTuple):
-    """One layer's parameters, with the names and shapes of :class:`torch.nn.LSTM`/``GRU``."""
+    """One layer's parameters, with the names and shapes of :class:`torch.nn.LSTM`/``GRU``.
+
+    ``weight_hh`` and ``bias_hh`` are ``None`` for cells without recurrent weights
+    (:attr:`CellKind.recurrent_weights <recurrl.functional.recurrent.cell.CellKind>`
+    False, e.g. minGRU).
+    """
 
     weight_ih: Tensor
-    weight_hh: Tensor
+    weight_hh: Tensor | None
     bias_ih: Tensor | None
     bias_hh: Tensor | None
     weight_hr: Tensor | None
@@ -83,12 +88,15 @@ class RNNConfig:
 
     @property
     def params_per_layer(self) -> int:
-        return 2 + 2 * self.bias + (self.proj_size > 0)
+        per_matrix = 2 if self.kind.recurrent_weights else 1  # (ih, hh) or ih only
+        return per_matrix * (1 + self.bias) + (self.proj_size > 0)
 
     def layer_weights(self, flat_weights: Sequence[Tensor], layer: int) -> LayerWeights:
         """Split torch's flat weight list (``nn.LSTM._flat_weights`` order) for one layer."""
         k = self.params_per_layer
         chunk = list(flat_weights[layer * k : (layer + 1) * k])
+        if not self.kind.recurrent_weights:  # weight_ih[, bias_ih]
+            return LayerWeights(chunk[0], None, chunk[1] if self.bias else None, None, None)
         w_ih, w_hh = chunk[0], chunk[1]
         b_ih, b_hh = (chunk[2], chunk[3]) if self.bias else (None, None)
         w_hr = chunk[-1] if self.proj_size else None
