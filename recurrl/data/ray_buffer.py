@@ -247,6 +247,27 @@ class RayReplayBuffer:
         """Seed the actor's torch generator and the sampler's own ``generator`` if any."""
         self._call("set_seed", int(seed))
 
+    # -- priorities ----------------------------------------------------------------------
+    def update_priority(self, index: Tensor, priority: Tensor | float) -> None:
+        """Set priorities of sampled data in the actor's sampler, as
+        :meth:`TensorDictReplayBuffer.update_priority
+        <recurrl.data.TensorDictReplayBuffer.update_priority>` (same layouts; the "latest
+        sample" of a flat per-step ``index`` is the latest one drawn from the actor, by any
+        caller). Tensors are sent to the actor on the CPU. Raises the local ``TypeError``
+        for a sampler without priorities."""
+        if isinstance(priority, Tensor):
+            priority = priority.detach().cpu()
+        self._call("update_priority", torch.as_tensor(index).detach().cpu(), priority)
+
+    def update_tensordict_priority(self, data: TensorDictBase) -> None:
+        """Update the priorities of a sample from its ``"index"`` and ``"td_error"`` (the
+        actor's buffer's default ``priority_key``) entries, as the local
+        :meth:`TensorDictReplayBuffer.update_tensordict_priority
+        <recurrl.data.TensorDictReplayBuffer.update_tensordict_priority>`. Only those two
+        entries are sent to the actor."""
+        sent = data.select("index", "td_error", strict=False).detach().cpu()
+        self._call("update_tensordict_priority", sent)
+
     # -- persistence ---------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Storage, writer and sampler states as tensors and plain python data (TensorDicts
@@ -330,6 +351,12 @@ class _BufferActor:
     def sample(self, batch_size: int | None, return_info: bool) -> tuple[Any, bool]:
         result = self.buffer.sample(batch_size, return_info=return_info)
         return result, bool(getattr(self.buffer.sampler, "ran_out", False))
+
+    def update_priority(self, index: Tensor, priority: Tensor | float) -> None:
+        self.buffer.update_priority(index, priority)
+
+    def update_tensordict_priority(self, data: TensorDictBase) -> None:
+        self.buffer.update_tensordict_priority(data)
 
     def state_dict(self) -> dict:
         return _to_plain(self.buffer.state_dict())

@@ -388,6 +388,26 @@ class DQNConfig:
     """Frames over which epsilon decays linearly from eps_start to eps_end."""
     max_grad_norm: float = 10.0
     """Clip the global gradient norm to this value (0 disables)."""
+    prioritized: bool = False
+    """Prioritized slice replay (R2D2): slices drawn by priority, losses weighted by
+    importance weights, priorities set from each slice's TD errors after every update (off:
+    uniform slices, the measured recipe)."""
+    priority_alpha: float = 0.6
+    """With prioritized: priority exponent, P(slice) ~ priority^alpha (0: uniform; 0.6 as
+    prioritized replay and Ape-X, R2D2 used 0.9)."""
+    priority_beta: float = 0.4
+    """With prioritized: importance-weight exponent at the start, annealed linearly to 1
+    over `frames` (prioritized replay's 0.4 -> 1)."""
+    priority_eta: float = 0.9
+    """With prioritized: a slice's priority is eta * max + (1 - eta) * mean of the |TD
+    errors| of its steps in the loss (R2D2's 0.9; burn-in steps do not count)."""
+    value_rescale: bool = False
+    """R2D2's value rescaling: Q-values regress h(return), targets h(rewards + gamma^n
+    h^-1(Q')) with h(x) = sign(x)(sqrt(|x| + 1) - 1) + 0.001 x."""
+    slice_start: Literal["any", "trajectory", "stride"] = "any"
+    """Where a replayed slice may start in a stored trajectory piece: any step, its first
+    step only, or every (burn_in + train_len) // 2 steps (R2D2's half-overlapping
+    sequences); see SliceSampler(start=)."""
 
     def __post_init__(self) -> None:
         finite(self)
@@ -403,7 +423,7 @@ class DQNConfig:
                 f"DQNConfig: burn_in and learning_starts must be >= 0, received "
                 f"burn_in={self.burn_in}, learning_starts={self.learning_starts}."
             )
-        for name in ("gamma", "eps_start", "eps_end"):
+        for name in ("gamma", "eps_start", "eps_end", "priority_beta", "priority_eta"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(
                     f"DQNConfig: {name} must be in [0, 1], received {getattr(self, name)}."
@@ -427,6 +447,19 @@ class DQNConfig:
         if self.target_update not in ("soft", "hard"):
             raise ValueError(
                 f"DQNConfig: target_update must be soft or hard, received {self.target_update!r}."
+            )
+        self._check_replay()
+
+    def _check_replay(self) -> None:
+        if self.priority_alpha < 0:
+            raise ValueError(
+                f"DQNConfig: priority_alpha must be >= 0 (0: uniform), received "
+                f"{self.priority_alpha}. Fix: --priority-alpha 0.6."
+            )
+        if self.slice_start not in ("any", "trajectory", "stride"):
+            raise ValueError(
+                f"DQNConfig: slice_start must be any, trajectory or stride, received "
+                f"{self.slice_start!r}."
             )
 
     @property

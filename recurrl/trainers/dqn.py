@@ -23,6 +23,15 @@ One batch of the loop (:func:`train`):
    returns of rewards scaled by ``reward_scale``; Adam, gradient clipping, then a soft or
    hard target-network update.
 
+With ``prioritized`` (``--prioritized``), a :class:`~recurrl.data.PrioritizedSliceSampler`
+draws the slices by priority (the same valid starts) and each step carries its slice's
+importance weight ``"_weight"``, which ``DQNLoss`` multiplies into the step losses. The
+sampler is built with ``beta=1`` and the trainer raises the weights to the annealed ``beta``
+(``w(beta) = w(1)^beta`` exactly, since ``w = (p_i / p_min)^(-alpha beta)``), so the schedule
+needs no call into a remote buffer. After every update each slice's priority is set to the
+``eta`` mix of the ``|TD errors|`` of its steps in the loss
+(:func:`~recurrl.functional.sequence_priority`; burn-in steps do not count).
+
 Observations are standardized with the mean/std of the warm-up frames (``obs_norm``); the
 Q-head is a one-hidden-layer MLP. Both matter on CartPole-masked: with a linear head on
 raw observations the LSTM saturated its features to regress Q-values of ~50 and the
@@ -47,7 +56,8 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from recurrl.data import LazyTensorStorage, SliceSampler
+from recurrl.data import LazyTensorStorage, PrioritizedSliceSampler, SliceSampler
+from recurrl.functional import sequence_priority
 from recurrl.objectives import DQNLoss, HardUpdate, SoftUpdate
 from recurrl.trainers import checkpoint as ckpt
 from recurrl.trainers.collection import (
@@ -74,6 +84,30 @@ def epsilon_at(cfg: Any, frames: int) -> float:
     """Linear decay from ``cfg.eps_start`` to ``cfg.eps_end`` over ``cfg.eps_frames`` frames."""
     frac = min(1.0, frames / cfg.eps_frames)
     return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
+
+
+def priority_beta_at(cfg: Any, frames: int) -> float:
+    """Importance-weight exponent: linear from ``cfg.priority_beta`` at 0 frames to 1 at
+    ``cfg.frames`` (prioritized replay's annealing)."""
+    frac = min(1.0, max(frames, 0) / cfg.frames)
+    return cfg.priority_beta + frac * (1.0 - cfg.priority_beta)
+
+
+def make_sampler(cfg: Any) -> SliceSampler:
+    """The replay sampler of :class:`DQNTrainer`: slices of up to ``burn_in + train_len``
+    steps that may start where ``cfg.slice_start`` says with more than ``burn_in`` steps
+    left, drawn uniformly or (``cfg.prioritized``) by priority."""
+    kwargs: dict[str, Any] = {
+        "slice_len": cfg.slice_len, "strict_length": False, "min_slice_len": cfg.burn_in + 1,
+        "start": cfg.slice_start,
+    }  # fmt: skip
+    if not cfg.prioritized:
+        return SliceSampler(**kwargs)
+    # beta=1: the trainer anneals it by raising the weights to beta (see the module doc)
+    return PrioritizedSliceSampler(
+        max_capacity=cfg.buffer_size, alpha=cfg.priority_alpha, beta=1.0,
+        eta=cfg.priority_eta, **kwargs,
+    )  # fmt: skip
 
 
 class DQNTrainer:
@@ -112,7 +146,7 @@ class DQNTrainer:
         self.loss = DQNLoss(
             self.model.q, double_dqn=d.double_dqn, gamma=d.gamma, burn_in=d.burn_in,
             n_steps=d.n_steps, delay_value=True, loss_function=d.loss_function,
-            burn_in_episode_starts=False,
+            burn_in_episode_starts=False, value_rescale=d.value_rescale,
         )  # fmt: skip
         if d.target_update == "soft":
             self.updater: HardUpdate | SoftUpdate = SoftUpdate(self.loss, tau=d.tau)
@@ -127,9 +161,7 @@ class DQNTrainer:
         self.buffer = make_replay_buffer(
             cfg,
             storage=LazyTensorStorage(d.buffer_size),
-            sampler=SliceSampler(
-                slice_len=d.slice_len, strict_length=False, min_slice_len=d.burn_in + 1
-            ),
+            sampler=make_sampler(d),
             batch_size=d.num_slices * d.slice_len,
         )
         self.collector = make_collector(
@@ -208,11 +240,15 @@ class DQNTrainer:
             for group in self.optimizer.param_groups:
                 group["lr"] = d.lr * (1.0 - done / d.frames)
         sums = {"loss": 0.0, "td_error": 0.0, "grad_norm": 0.0}
+        beta = priority_beta_at(d, self.collector.frames - d.frames_per_batch)
         for _ in range(d.updates_per_batch):
             sample = self.buffer.sample().to(self.device)
             if d.reward_scale != 1.0:
                 key = ("next", self.loss.tensor_keys.reward)
                 sample.set(key, sample.get(key) * d.reward_scale)
+            if d.prioritized:  # the sampler's weights are for beta = 1
+                key = self.loss.tensor_keys.priority_weight
+                sample.set(key, sample.get(key).pow(beta))
             out = self.loss(sample)
             self.optimizer.zero_grad(set_to_none=True)
             out["loss"].backward()
@@ -221,10 +257,23 @@ class DQNTrainer:
                 sums["grad_norm"] += float(norm)
             self.optimizer.step()
             self.updater.step()
+            if d.prioritized:
+                self.update_priorities(sample)
             sums["loss"] += float(out["loss"].detach())
             sums["td_error"] += float(out["td_error"])
         self.collector.update_policy_weights_()
         return {k: v / d.updates_per_batch for k, v in sums.items()}
+
+    def update_priorities(self, sample: TensorDictBase) -> None:
+        """Set the priority of every slice of ``sample`` (after the loss wrote its per-step
+        ``"td_error"``): R2D2's ``eta`` mix over the slice's steps in the loss only."""
+        k = self.loss.tensor_keys
+        is_init = sample.get(k.is_init).reshape(sample.batch_size)
+        first, priority = sequence_priority(
+            sample.get(k.priority), is_init, self.loss.loss_mask(sample),
+            eta=self.cfg.dqn.priority_eta,
+        )  # fmt: skip
+        self.buffer.update_priority(sample.get("index").reshape(-1)[first], priority)
 
     def _step(self, batch: TensorDictBase) -> dict[str, Any]:
         """Store ``batch``, update if enough frames were collected; the metrics row."""

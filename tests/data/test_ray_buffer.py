@@ -126,6 +126,40 @@ def test_random_sampling_and_add_match_the_local_buffer(ray_session):
         remote.shutdown()
 
 
+def test_priority_updates_reach_the_actors_sampler_as_locally(ray_session):
+    from recurrl.data import PrioritizedSliceSampler
+
+    def make():
+        return PrioritizedSliceSampler(max_capacity=80, alpha=1.0, beta=1.0, slice_len=4)
+
+    local, remote = _pair(make)
+    try:
+        for batch in _batches(2):
+            remote.extend(batch), local.extend(batch)
+        got, want = remote.sample(), local.sample()
+        assert _equal(got, want)
+        starts = got["index"].view(4, 4)[:, 0]
+        value = torch.tensor([5.0, 1.0, 2.0, 0.5], requires_grad=True)  # detached on the way
+        remote.update_priority(starts, value), local.update_priority(starts, value)
+        got, want = remote.sample(), local.sample()
+        assert _equal(got, want) and not torch.equal(got["_weight"], torch.ones(16))
+        td_error = torch.rand(16, generator=torch.Generator().manual_seed(0))  # per step, flat
+        got["td_error"], want["td_error"] = td_error, td_error
+        remote.update_tensordict_priority(got), local.update_tensordict_priority(want)
+        remote_priority = remote.state_dict()["sampler"]["priority"]
+        assert torch.equal(remote_priority, local.state_dict()["sampler"]["priority"])
+        assert _equal(remote.sample(), local.sample())
+    finally:
+        remote.shutdown()
+    uniform = _pair(lambda: SliceSampler(slice_len=4), max_size=40)[1]
+    try:
+        uniform.extend(_batches(1)[0][:, :8])
+        with pytest.raises(TypeError, match="keeps no priorities"):
+            uniform.update_priority(torch.tensor([0]), 1.0)
+    finally:
+        uniform.shutdown()
+
+
 def test_iteration_stops_with_the_epoch_as_locally(ray_session):
     local, remote = _pair(lambda: SliceSamplerWithoutReplacement(slice_len=4))
     try:
