@@ -62,10 +62,11 @@ class PrioritizedSliceSampler(SliceSampler):
             (default ``0.9``; ``1``: max, ``0``: mean).
         max_priority_within_buffer: if True, new data gets the largest priority among the
             positions still held (not the largest ever seen).
-        num_slices, slice_len, end_key, end_keys, traj_key, step_key, fragmented, ends,
-            trajectories, cache_values, truncated_key, init_key, strict_length, compile,
-            span, use_gpu, pad_output, generator, min_slice_len, start, start_stride: as
-            :class:`SliceSampler` (sampling is always with replacement).
+        num_slices: like ``slice_len``, ``end_key``, ``end_keys``, ``traj_key``,
+            ``step_key``, ``fragmented``, ``ends``, ``trajectories``, ``cache_values``,
+            ``truncated_key``, ``init_key``, ``strict_length``, ``compile``, ``span``,
+            ``use_gpu``, ``pad_output``, ``generator``, ``min_slice_len``, ``start`` and
+            ``start_stride``: as :class:`SliceSampler` (sampling is always with replacement).
 
     Examples:
         >>> import torch

@@ -74,6 +74,8 @@ RecurrentBackendName = Literal["pad", "scan", "triton", "assoc", "auto"]
 RecurrentRecompute = Literal["none", "full"]
 #: The built-in backend names (``"auto"`` picks one of the others).
 RECURRENT_BACKENDS: tuple[str, ...] = ("pad", "scan", "triton", "assoc", "auto")
+#: The ``recurrent_recompute`` values: ``"none"`` keeps the unroll's activations for the
+#: backward pass, ``"full"`` recomputes them there (less memory; not every backend can).
 RECURRENT_RECOMPUTE: tuple[str, ...] = ("none", "full")
 _COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
 

@@ -1,0 +1,474 @@
+"""Sphinx configuration of recurrl's documentation site.
+
+Build: ``bash docs/build.sh`` (``sphinx-build -W --keep-going``; every warning fails it).
+
+Besides the usual settings this file holds two small directives and one check:
+
+* ``recurrl-api``: the API reference of one package, one autodoc entry per name of its
+  ``__all__`` (plus the lazily imported names listed in :data:`LAZY`), so a new public name
+  appears without editing any page. A name exported by several packages is documented in
+  its home package (the one whose module path it lives under) and listed as an alias in the
+  others.
+* ``recurrl-help``: the ``--help`` text of a ``recurrl`` subcommand, produced by the real
+  parser (:func:`recurrl.trainers.cli.build_parser`) at build time, so the option list of the
+  training guide never goes stale.
+* a check, when the build starts, that every public name of every documented package has a
+  docstring (a ``#:`` comment for data); a missing one is a warning, hence an error under
+  ``-W``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import os
+import re
+import sys
+from pathlib import Path
+
+from docutils import nodes
+from docutils.parsers.rst import directives
+from docutils.statemachine import StringList
+from sphinx.ext.autodoc.preserve_defaults import update_defvalue
+from sphinx.ext.napoleon.docstring import GoogleDocstring
+from sphinx.pycode import ModuleAnalyzer
+from sphinx.util import inspect as sphinx_inspect
+from sphinx.util import logging
+from sphinx.util.docutils import SphinxDirective
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import recurrl  # noqa: E402
+
+logger = logging.getLogger("recurrl.docs")
+
+project = "recurrl"
+author = "the recurrl developers"
+copyright = "the recurrl developers"
+version = release = recurrl.__version__
+
+extensions = [
+    "myst_parser",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.doctest",
+]
+
+# ``sphinx-build -b doctest`` runs the guides' ``testcode`` / ``testoutput`` blocks only: the
+# ``>>>`` examples of the docstrings are run by the test suite (``--doctest-modules``).
+doctest_test_doctest_blocks = ""
+
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
+root_doc = "index"
+exclude_patterns = ["_build", "build.sh", "Thumbs.db", ".DS_Store"]
+html_theme = "furo"
+html_title = f"recurrl {release}"
+html_static_path: list[str] = []
+templates_path: list[str] = []
+
+# Markdown: `#`-anchors of headings (links such as README.md#popgym-table), $...$ left alone.
+myst_heading_anchors = 4
+myst_enable_extensions = ["colon_fence", "deflist"]
+suppress_warnings = ["myst.strikethrough"]
+
+# Docstrings are Google style: Args, Keyword Args, Returns, Raises, Examples, Shapes.
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+napoleon_use_ivar = True  # dataclass "Attributes:" must not repeat autodoc's field entries
+napoleon_custom_sections = [("Shapes", "notes_style")]
+
+autodoc_member_order = "bysource"
+autodoc_typehints = "signature"
+autodoc_preserve_defaults = True
+autodoc_default_options = {"show-inheritance": True}
+autodoc_inherit_docstrings = False  # a member without its own docstring is left out
+autodoc_mock_imports = ["triton"]  # only the GPU kernels import it; never needed to document
+add_module_names = False
+
+# Every cross-reference must resolve (nitpicky), except those into the libraries recurrl
+# builds on: CI has no network for their inventories.
+nitpicky = True
+nitpick_ignore_regex = [
+    (r"py:.*", r"(torch|tensordict|gymnasium|numpy|np|ray|argparse|collections|typing)(\..*)?"),
+    (r"py:.*", r"(Tensor|TensorDict|TensorDictBase|NestedKey|Module|Parameter|Generator)"),
+    (r"py:.*", r"(nn|td|gym|Path|Callable|Iterator|Iterable|Sequence|Mapping|Any|Literal)(\..*)?"),
+    (r"py:.*", r"(pathlib|concurrent|multiprocessing|threading|enum|dataclasses|abc)(\..*)?"),
+    (r"py:class", r"(T|_T|Self|NoneType|ellipsis|optional|callable|iterable)"),
+]
+
+# ``recurrl-help``: a fixed width, so the generated text does not depend on the terminal.
+os.environ["COLUMNS"] = "100"
+
+# The packages of the API reference, in the order of its pages. A name's home is the
+# listed package with the longest module path that contains its defining module.
+PACKAGES = [
+    "recurrl.modules",
+    "recurrl.functional",
+    "recurrl.functional.recurrent",
+    "recurrl.envs",
+    "recurrl.envs.transforms",
+    "recurrl.collectors",
+    "recurrl.data",
+    "recurrl.objectives",
+    "recurrl.trainers",
+    "recurrl.testing",
+]
+# Public names kept out of ``__all__`` so that a star import does not import Ray.
+LAZY = {
+    "recurrl.collectors": ["RayCollector", "RemoteCollectorError"],
+    "recurrl.data": ["RayReplayBuffer"],
+}
+
+
+def public_names(package: str) -> list[str]:
+    """The public names of ``package``: its ``__all__`` plus the lazy ones."""
+    module = importlib.import_module(package)
+    return list(module.__all__) + LAZY.get(package, [])
+
+
+def _defining_module(obj: object, package: str, name: str) -> str:
+    module = getattr(obj, "__module__", None)
+    if isinstance(module, str) and (inspect.isclass(obj) or inspect.isfunction(obj)):
+        return module
+    return package  # data: documented where it is exported
+
+
+def home_of(obj: object, package: str, name: str) -> str:
+    """The package whose page documents ``obj`` (others list it as an alias)."""
+    module = _defining_module(obj, package, name)
+    holders = [
+        p for p in PACKAGES if any(getattr(_mod(p), n, None) is obj for n in public_names(p))
+    ]
+    inside = [p for p in holders if module == p or module.startswith(p + ".")]
+    if inside:
+        return max(inside, key=len)
+    return holders[0] if holders else package
+
+
+def _mod(package: str):
+    return importlib.import_module(package)
+
+
+def _kind(obj: object) -> str:
+    if inspect.isclass(obj):
+        return "class"
+    if inspect.isfunction(obj) or inspect.isbuiltin(obj):
+        return "function"
+    return "data"
+
+
+def _data_doc(package: str, name: str) -> str:
+    """The ``#:`` comment of a module-level constant, in its package or the module it came from."""
+    candidates = [package]
+    mod = _mod(package)
+    for sub in sorted(sys.modules):
+        if sub.startswith(package + ".") and getattr(sys.modules[sub], name, None) is getattr(
+            mod, name
+        ):
+            candidates.append(sub)
+    for candidate in candidates:
+        try:
+            analyzer = ModuleAnalyzer.for_module(candidate)
+            docs = analyzer.find_attr_docs()
+        except Exception:  # pragma: no cover - a module without source
+            continue
+        doc = docs.get(("", name))
+        if doc and "".join(doc).strip():
+            return "\n".join(doc)
+    return ""
+
+
+def check_docstrings(app) -> None:
+    """Warn (an error under ``-W``) for each public name without documentation."""
+    for package in PACKAGES:
+        mod = _mod(package)
+        if not (mod.__doc__ or "").strip():
+            logger.warning(f"{package} has no module docstring")
+        for name in public_names(package):
+            obj = getattr(mod, name)
+            if _kind(obj) == "data":
+                if not _data_doc(home_of(obj, package, name), name):
+                    logger.warning(
+                        f"{package}.{name} is public but has no '#:' doc comment "
+                        f"(write one on the line above its assignment)"
+                    )
+            elif not (obj.__doc__ or "").strip():
+                logger.warning(f"{package}.{name} is public but has no docstring")
+
+
+class PackageAPI(SphinxDirective):
+    """``.. recurrl-api:: recurrl.envs``: module docstring, then each public name."""
+
+    required_arguments = 1
+
+    def run(self) -> list[nodes.Node]:
+        package = self.arguments[0]
+        mod = _mod(package)
+        lines = [f".. automodule:: {package}", "   :no-members:", ""]
+        aliases = []
+        for name in public_names(package):
+            obj = getattr(mod, name)
+            home = home_of(obj, package, name)
+            if home != package:
+                aliases.append((name, home))
+                continue
+            kind = _kind(obj)
+            if kind == "data":
+                # The ``#:`` comment may sit in a submodule, where autodata would not look.
+                lines.append(f".. py:data:: {package}.{name}")
+                if isinstance(obj, (tuple, str, int, float)):
+                    lines.append(f"   :value: {obj!r}")
+                lines.append("")
+                lines += ["   " + line for line in _data_doc(package, name).splitlines()]
+            else:
+                lines.append(f".. auto{kind}:: {package}.{name}")
+                if kind == "class":
+                    lines.append("   :members:")
+            lines.append("")
+        if aliases:
+            lines += ["", ".. rubric:: Also exported here", ""]
+            for name, home in aliases:
+                role = {"class": "class", "function": "func", "data": "data"}[
+                    _kind(getattr(mod, name))
+                ]
+                lines.append(f"* ``{package}.{name}``: :py:{role}:`{home}.{name}`")
+            lines.append("")
+        content = StringList(lines, source=f"<recurrl-api {package}>")
+        node = nodes.section()
+        node.document = self.state.document
+        self.state.nested_parse(content, 0, node)
+        return node.children
+
+
+class CommandHelp(SphinxDirective):
+    """``.. recurrl-help:: train``: the ``recurrl train --help`` text, from the real parser."""
+
+    optional_arguments = 1
+    option_spec = {"prog": directives.unchanged}
+
+    def run(self) -> list[nodes.Node]:
+        from recurrl.trainers.cli import build_parser
+
+        parser = build_parser()
+        if self.arguments:
+            subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            parser = subs.choices[self.arguments[0]]
+        text = parser.format_help()
+        block = nodes.literal_block(text, text)
+        block["language"] = "text"
+        return [block]
+
+
+def _attribute_docstring(self: GoogleDocstring) -> list[str]:
+    """An attribute's docstring as plain text.
+
+    napoleon reads the text before a first colon as the attribute's type; recurrl's attribute
+    and property docstrings start with a label instead ("Training algorithm: ppo, or dqn").
+    """
+    lines = [self._lines.next(), *self._dedent(self._consume_to_end())]
+    return self.__class__(lines, self._config).lines()
+
+
+GoogleDocstring._parse_attribute_docstring = _attribute_docstring
+
+
+def _lookup(path: str) -> object | None:
+    """The object at a dotted path (a module, then attributes), or None."""
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except Exception:
+            continue
+        for attr in parts[i:]:
+            annotations = getattr(obj, "__annotations__", {}) if inspect.isclass(obj) else {}
+            if hasattr(obj, attr):
+                obj = getattr(obj, attr)
+            elif attr in annotations:  # a dataclass field without a default
+                obj = annotations[attr]
+            elif inspect.isclass(obj) and _sets_attribute(obj, attr):
+                obj = attr  # an instance attribute: it exists, nothing more to look at
+            else:
+                return None
+        return obj
+    return None
+
+
+def _sets_attribute(cls: type, attr: str) -> bool:
+    """Whether a method of ``cls`` (or a base defined in recurrl) assigns ``self.<attr>``."""
+    for base in cls.__mro__:
+        if not base.__module__.startswith("recurrl"):
+            continue
+        try:
+            source = inspect.getsource(base)
+        except (OSError, TypeError):
+            continue
+        if f"self.{attr} =" in source or f"self.{attr}: " in source:
+            return True
+    return False
+
+
+def _defined_in_recurrl(name: str) -> bool:
+    """Whether some loaded recurrl module defines a class or function called ``name``."""
+    for modname, module in list(sys.modules.items()):
+        if modname.startswith("recurrl") and module is not None:
+            obj = getattr(module, name, None)
+            if (inspect.isclass(obj) or inspect.isfunction(obj)) and obj.__module__.startswith(
+                "recurrl"
+            ):
+                return True
+    return False
+
+
+_DOCUMENTED: dict[int, str] = {}
+
+
+def _documented_names() -> dict[int, str]:
+    """id(object) -> the name it is documented under, for every public name."""
+    if not _DOCUMENTED:
+        for package in PACKAGES:
+            mod = _mod(package)
+            for name in public_names(package):
+                obj = getattr(mod, name)
+                if home_of(obj, package, name) == package:
+                    _DOCUMENTED.setdefault(id(obj), f"{package}.{name}")
+    return _DOCUMENTED
+
+
+def resolve_missing(app, env, node, contnode):
+    """Resolve a Python cross-reference that Sphinx could not, or let it fail.
+
+    Docstrings name objects by their defining module (``recurrl.functional.rnn.GRU``) or
+    by a short name in scope; the reference pages document them under their public path
+    (``recurrl.functional.GRU``). A target that is an existing object documented under
+    another name links there; one that exists but is not public (a private helper, a
+    standard-library exception) is shown as code; one that does not exist at all (a typo, a
+    renamed object) stays a warning, which fails the build.
+    """
+    if node.get("refdomain") != "py":
+        return None
+    target = node["reftarget"].lstrip(".~")
+    module = node.get("py:module") or ""
+    cls = node.get("py:class") or ""
+    candidates = [target]
+    if module and cls:
+        candidates.append(f"{module}.{cls}.{target}")
+    if module:
+        candidates.append(f"{module}.{target}")
+    # The docstring's own module (``...:docstring of recurrl.functional.sequences.split_pieces``)
+    # holds the names its text may use unqualified.
+    source = node.source or ""
+    if "docstring of " in source:
+        owner = source.rsplit("docstring of ", 1)[1].split(".")
+        candidates += [".".join([*owner[:i], target]) for i in range(len(owner), 0, -1)]
+    documented = _documented_names()
+    domain = env.get_domain("py")
+    known = domain.objects
+    for candidate in candidates:
+        obj = _lookup(candidate)
+        if obj is None:
+            continue
+        parts = candidate.split(".")
+        for i in range(len(parts), 0, -1):
+            owner = _lookup(".".join(parts[:i]))
+            if owner is not None and id(owner) in documented:
+                public = ".".join([documented[id(owner)], *parts[i:]])
+                if public in known:
+                    return domain.resolve_xref(
+                        env, node["refdoc"], app.builder, "obj", public, node, contnode
+                    )
+        return contnode  # exists, but is not part of the documented API
+    # A short name of a public object (``StepCounter`` in a docstring of recurrl.data).
+    short = target.split(".")[-1]
+    matches = sorted({n for n in documented.values() if n.split(".")[-1] == short})
+    if len(matches) == 1:
+        return domain.resolve_xref(
+            env, node["refdoc"], app.builder, "obj", matches[0], node, contnode
+        )
+    if "." not in target and _defined_in_recurrl(target):
+        return contnode  # e.g. an exception of a private module named in "Raises:"
+    return None
+
+
+_LITERAL = re.compile(r"""((?<![^\s'"(\[{<\-/:])``.+?``)""")  # where rst starts a literal
+
+
+def _escape_bars(text: str) -> str:
+    parts = _LITERAL.split(text)
+    return "".join(p if i % 2 else p.replace("|", "\\|") for i, p in enumerate(parts))
+
+
+def plain_bars(app, what: str, name: str, obj: object, options: dict, lines: list[str]) -> None:
+    """Escape ``|`` in docstring prose: recurrl writes ``|x|`` for an absolute value.
+
+    reStructuredText would read ``|x|`` as a substitution (an error); the field docstrings of
+    the training config double as ``--help`` text and stay plain. Inline literals, literal
+    blocks and ``>>>`` examples are left as they are.
+    """
+    literal_indent: int | None = None
+    for i, line in enumerate(lines):
+        stripped = line.lstrip()
+        indent = len(line) - len(stripped)
+        if literal_indent is not None:
+            if not stripped or indent > literal_indent:
+                continue
+            literal_indent = None
+        if stripped.startswith((">>>", "...", "|", "+")):
+            continue
+        lines[i] = _escape_bars(line)
+        if stripped.endswith("::"):
+            literal_indent = indent
+
+
+def init_signature(app, what, name, obj, options, signature, return_annotation):
+    """A class's signature from its ``__init__`` where a ``__new__`` or a metaclass hides it.
+
+    tensordict's module base defines ``__new__(cls, *args, **kwargs)`` and the envs' metaclass
+    a ``__call__``; autodoc prefers those to ``__init__``, so every module, loss and env
+    would show ``(*args, **kwargs)``.
+    """
+    if what != "class" or not (signature or "").startswith("(*args"):
+        return None
+    try:
+        update_defvalue(app, obj.__init__, True)  # defaults as written (autodoc_preserve_defaults)
+        sig = sphinx_inspect.signature(obj.__init__, bound_method=True, type_aliases={})
+    except (TypeError, ValueError):
+        return None
+    params = list(sig.parameters.values())
+    if params and params[0].kind is inspect.Parameter.VAR_POSITIONAL:
+        return None  # ``__init__`` takes anything too: nothing better to show
+    env_meta = any(meta.__name__ == "_EnvMeta" for meta in type(obj).__mro__)
+    if env_meta and "policy" not in sig.parameters:
+        # every env constructor takes ``policy=`` (its metaclass adds the transforms)
+        extra = inspect.Parameter("policy", inspect.Parameter.KEYWORD_ONLY, default=None)
+        tail = [p for p in params if p.kind is inspect.Parameter.VAR_KEYWORD]
+        params = [p for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        sig = sig.replace(parameters=[*params, extra, *tail])
+    return sphinx_inspect.stringify_signature(sig, show_return_annotation=False), None
+
+
+_BARE_LINK = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:|[#/.])([^)\s]+)\)")
+
+
+def relative_links(app, relative_path: Path, parent_docname: str, content: list[str]) -> None:
+    """Prefix the bare relative links of an included Markdown file with ``./``.
+
+    The pages that include ``benchmarks/*.md`` pass ``:relative-docs: .``, which resolves the
+    links starting with ``.`` from the included file's folder; ``[x](popgym_table.py)`` would
+    otherwise be looked up next to the including page and fail.
+    """
+    if str(relative_path).endswith(".md"):
+        content[0] = _BARE_LINK.sub(r"](./\1)", content[0])
+
+
+def setup(app) -> dict[str, object]:
+    app.connect("include-read", relative_links)
+    app.connect("autodoc-process-docstring", plain_bars)
+    app.connect("autodoc-process-signature", init_signature)
+    app.connect("missing-reference", resolve_missing)
+    app.add_directive("recurrl-api", PackageAPI)
+    app.add_directive("recurrl-help", CommandHelp)
+    app.connect("builder-inited", check_docstrings)
+    return {"parallel_read_safe": True}
