@@ -10,9 +10,10 @@ Burn-in (R2D2, Kapturowski et al. 2019): the first ``burn_in`` steps of every se
 ``t = 0`` and from every ``is_init``, i.e. every replayed slice start) only warm the hidden
 state up from the stored one and are masked out of the loss, for flat ragged slices, padded
 slices (``("collector", "mask")``) and ``[B, T]`` batches alike; the target network runs
-over the same slices from the same stored states. Gradients still flow back into them
-through the hidden state of later steps (R2D2 stops them there). Optionally, sequences that
-start an episode (exact zero state) are not burned in (``burn_in_episode_starts=False``).
+over the same slices from the same stored states. By default gradients still flow back into
+them through the hidden state of later steps; ``burn_in_stop_gradient=True`` stops them
+there, as R2D2 does. Optionally, sequences that start an episode (exact zero state) are not
+burned in (``burn_in_episode_starts=False``).
 
 Targets are one-step or ``n_steps``-step returns cut at every sequence end, optionally
 through R2D2's value rescaling (``value_rescale=True``: ``h(sum_i gamma^i r_i + gamma^n
@@ -45,7 +46,10 @@ from recurrl.objectives.common import (
     per_step,
     step_mask,
 )
-from recurrl.objectives.value._next_state import values_and_next_values
+from recurrl.objectives.value._next_state import (
+    restart_from_reached_state,
+    values_and_next_values,
+)
 
 __all__ = ["DQNLoss"]
 
@@ -89,6 +93,11 @@ class DQNLoss(LossModule):
             ``h^-1`` = :func:`~recurrl.functional.signed_parabolic`. Q-values are then in
             the rescaled space (greedy actions are unchanged: ``h`` is increasing). Default
             False.
+        burn_in_stop_gradient: R2D2's stop-gradient at the end of the burn-in: the online
+            network's trained steps start from the hidden state the burn-in reached,
+            detached, so no gradient reaches the burn-in steps (their inputs, or the stored
+            state). Costs one more pass of the online network without gradient. Default False
+            (gradients flow back through the burn-in via the hidden state).
         value_rescale_eps: the ``eps`` of ``h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x``.
             Default ``1e-3`` (R2D2).
 
@@ -151,6 +160,7 @@ class DQNLoss(LossModule):
         burn_in_episode_starts: bool = True,
         value_rescale: bool = False,
         value_rescale_eps: float = 1e-3,
+        burn_in_stop_gradient: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(value_network, TensorDictModuleBase):
@@ -201,6 +211,7 @@ class DQNLoss(LossModule):
         self.delay_value = delay_value
         self.loss_function = loss_function
         self.value_rescale = value_rescale
+        self.burn_in_stop_gradient = bool(burn_in_stop_gradient)
         self.value_rescale_eps = float(value_rescale_eps)
 
     def _target_network_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
@@ -328,10 +339,14 @@ class DQNLoss(LossModule):
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         k = self.tensor_keys
         td = tensordict
-        q, q_next_online = values_and_next_values(
-            self.value_network, td, k.action_value, is_init_key=k.is_init,
-            done_key=_next(k.done), what="DQNLoss",
-        )  # fmt: skip
+        kw = {"is_init_key": k.is_init, "done_key": _next(k.done), "what": "DQNLoss"}
+        online = td
+        if self.burn_in and self.burn_in_stop_gradient:
+            burned = self._burned_in(td)
+            cut = torch.zeros_like(burned)  # the first step after each burn-in
+            cut[..., 1:] = burned[..., :-1] & ~burned[..., 1:]
+            online = restart_from_reached_state(self.value_network, td, cut, **kw)
+        q, q_next_online = values_and_next_values(self.value_network, online, k.action_value, **kw)
         action = td.get(k.action, None)
         if action is None:
             raise KeyError(f"DQNLoss: action key {k.action!r} not found in the batch.")

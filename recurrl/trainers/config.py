@@ -401,6 +401,9 @@ class DQNConfig:
     priority_eta: float = 0.9
     """With prioritized: a slice's priority is eta * max + (1 - eta) * mean of the |TD
     errors| of its steps in the loss (R2D2's 0.9; burn-in steps do not count)."""
+    burn_in_stop_gradient: bool = False
+    """R2D2's stop-gradient: no gradient flows back into the burn-in steps through the hidden
+    state (one more forward pass per update; off: they get gradients from later steps)."""
     value_rescale: bool = False
     """R2D2's value rescaling: Q-values regress h(return), targets h(rewards + gamma^n
     h^-1(Q')) with h(x) = sign(x)(sqrt(|x| + 1) - 1) + 0.001 x."""

@@ -147,6 +147,7 @@ class DQNTrainer:
             self.model.q, double_dqn=d.double_dqn, gamma=d.gamma, burn_in=d.burn_in,
             n_steps=d.n_steps, delay_value=True, loss_function=d.loss_function,
             burn_in_episode_starts=False, value_rescale=d.value_rescale,
+            burn_in_stop_gradient=d.burn_in_stop_gradient,
         )  # fmt: skip
         if d.target_update == "soft":
             self.updater: HardUpdate | SoftUpdate = SoftUpdate(self.loss, tau=d.tau)

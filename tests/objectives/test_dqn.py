@@ -301,29 +301,73 @@ def _constant_q(value: float = 0.0):
     return q
 
 
-def test_burn_in_observations_get_no_gradient_through_the_targets():
-    """A feed-forward Q-network: the observations of burned-in steps get no gradient (their
-    own Q-values are out of the loss, bootstrap values carry none). A recurrent one: they do,
-    through the hidden state of the trained steps (R2D2's stop-gradient at the end of the
-    burn-in is not applied; docs/implementation_details.md, section 12)."""
-    td = make_batch((12,), states=(), seed=9, n_actions=N_ACT)
+def _cut_batch(states, layout):
+    """Three slices from stored states (starts 0, 5, 8 of 12 steps), as a flat ragged batch,
+    or padded to 5 steps with ("collector", "mask"), or a [3, 4] grid; with the burn-in (2
+    steps) of each slice."""
+    td = make_batch((12,), states=states, seed=9, n_actions=N_ACT)
+    td["next", "done"][:] = False
+    td["next", "terminated"][:] = False
     td["is_init"][:] = False
     td["is_init"][torch.tensor([0, 5, 8])] = True
     burned = torch.zeros(12, dtype=torch.bool)
     burned[torch.tensor([0, 1, 5, 6, 8, 9])] = True
+    if layout == "grid":
+        td, burned = td.reshape(3, 4), torch.tensor([[1, 1, 0, 0]] * 3).bool()
+        td["is_init"][:] = False
+        td["is_init"][:, 0] = True
+    elif layout == "padded":
+        index = [0, 1, 2, 3, 4, 5, 6, 7, 5, 5, 8, 9, 10, 11, 8]
+        real = torch.tensor([1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0]).bool()
+        td, burned = td[torch.tensor(index)], burned[torch.tensor(index)] & real
+        td["is_init"] = (torch.arange(15) % 5 == 0).unsqueeze(-1) | ~real.unsqueeze(-1)
+        td["collector", "mask"] = real
+    return td, burned
+
+
+def _obs_and_state_grads(loss, td, states):
+    td = td.clone()
+    for key in ("obs", *states):
+        td[key].requires_grad_(True)
+    out = loss(td)
+    out["loss"].backward()
+    return out["loss"].detach(), td["obs"].grad.abs().sum(-1), td
+
+
+def test_burn_in_observations_get_no_gradient_from_a_feed_forward_network():
+    """The burned-in steps' own Q-values are out of the loss and bootstrap values carry no
+    gradient: with a feed-forward network their observations get none."""
+    td, burned = _cut_batch((), "flat")
     ff = Mod(torch.nn.Linear(3, N_ACT), ["obs"], ["action_value"])
-    for net, states in ((ff, ()), _net("gru")):
-        states = () if net is ff else states.state_keys
-        batch = make_batch((12,), states=states, seed=9, n_actions=N_ACT)
-        batch["is_init"], batch["next"] = td["is_init"], td["next"]
-        batch["obs"].requires_grad_(True)
-        DQNLoss(net, burn_in=2)(batch)["loss"].backward()
-        grad = batch["obs"].grad.abs().sum(-1)
-        assert (grad[~burned] > 0).all()
-        if net is ff:
-            assert (grad[burned] == 0).all()
-        else:  # the step before each trained step feeds its hidden state
-            assert (grad[torch.tensor([1, 6, 9])] > 0).all()
+    for stop in (False, True):
+        _, grad, _ = _obs_and_state_grads(DQNLoss(ff, burn_in=2, burn_in_stop_gradient=stop),
+                                          td, ())  # fmt: skip
+        assert (grad[~burned] > 0).all() and (grad[burned] == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("layout", ["flat", "grid", "padded"])
+def test_burn_in_stop_gradient_isolates_the_burn_in(kind, layout):
+    """burn_in_stop_gradient=True (R2D2): the same loss, but no gradient reaches the burn-in
+    steps' observations nor the stored states; by default (False) it does, through the hidden
+    state of the trained steps."""
+    net, rnn = _net(kind)
+    td, burned = _cut_batch(rnn.state_keys, layout)
+    real = td.get(("collector", "mask"), torch.ones(burned.shape, dtype=torch.bool))
+    trained = real & ~burned
+    plain = DQNLoss(net, burn_in=2, n_steps=2)
+    _perturb_target(plain)
+    stop = DQNLoss(net, burn_in=2, n_steps=2, burn_in_stop_gradient=True)
+    stop.target_value_network.load_state_dict(plain.target_value_network.state_dict())
+    value, grad, seen = _obs_and_state_grads(plain, td, rnn.state_keys)
+    assert (grad[burned] > 0).any()  # through the hidden state
+    value_stop, grad_stop, seen_stop = _obs_and_state_grads(stop, td, rnn.state_keys)
+    torch.testing.assert_close(value_stop, value, rtol=1e-5, atol=1e-6)
+    assert (grad_stop[burned] == 0).all() and (grad_stop[trained] > 0).all()
+    for key in rnn.state_keys:  # the stored states (read at slice starts) get none either
+        assert seen_stop[key].grad is None or (seen_stop[key].grad == 0).all()
+        assert seen[key].grad is not None and seen[key].grad.abs().sum() > 0
+    assert "td_error" in seen_stop  # the input of the call is still the one written
 
 
 @pytest.mark.parametrize("burn_in", [0, 1])

@@ -21,7 +21,8 @@ from ._helpers import check_resume_replays, parse_train, run_cli
 from .test_dqn import TINY
 
 PRIO = ["--prioritized", "--priority-alpha", "0.9", "--priority-beta", "0.5",
-        "--priority-eta", "0.8", "--value-rescale", "--slice-start", "stride"]  # fmt: skip
+        "--priority-eta", "0.8", "--value-rescale", "--slice-start", "stride",
+        "--burn-in-stop-gradient"]  # fmt: skip
 
 
 def test_options_reach_the_sampler_and_the_loss_and_defaults_stay_uniform(tmp_path):
@@ -32,7 +33,7 @@ def test_options_reach_the_sampler_and_the_loss_and_defaults_stay_uniform(tmp_pa
     trainer = DQNTrainer(cfg)
     sampler = trainer.buffer.sampler
     assert type(sampler) is SliceSampler and sampler.start == "any"
-    assert trainer.loss.value_rescale is False
+    assert trainer.loss.value_rescale is False and trainer.loss.burn_in_stop_gradient is False
 
     cfg = parse_train(*TINY, *PRIO, "--run-dir", str(tmp_path / "prio"))
     d = cfg.dqn
@@ -43,7 +44,7 @@ def test_options_reach_the_sampler_and_the_loss_and_defaults_stay_uniform(tmp_pa
     assert isinstance(sampler, PrioritizedSliceSampler)
     assert (sampler.alpha, sampler.beta, sampler.eta) == (0.9, 1.0, 0.8)  # beta: see dqn.py
     assert (sampler.start, sampler.min_slice_len, sampler.max_capacity) == ("stride", 5, 50_000)
-    assert trainer.loss.value_rescale is True
+    assert trainer.loss.value_rescale is True and trainer.loss.burn_in_stop_gradient is True
 
 
 @pytest.mark.parametrize(
@@ -80,12 +81,13 @@ def test_config_round_trips_and_old_files_load_with_uniform_replay(tmp_path, cap
     path = run_dir / "config.json"
     data = json.loads(path.read_text())
     new = ("prioritized", "priority_alpha", "priority_beta", "priority_eta", "value_rescale",
-           "slice_start")  # fmt: skip
+           "slice_start", "burn_in_stop_gradient")  # fmt: skip
     for name in new:
         del data["dqn"][name]
     path.write_text(json.dumps(data))
     old = load_config(run_dir).dqn
     assert (old.prioritized, old.value_rescale, old.slice_start) == (False, False, "any")
+    assert old.burn_in_stop_gradient is False
 
 
 def test_beta_anneals_linearly_to_one_and_weights_are_raised_to_it(tmp_path):

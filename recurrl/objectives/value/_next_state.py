@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from recurrl.modules.recurrent import RecurrentModule
 from recurrl.modules.recurrent_mode import set_recurrent_mode
 
-__all__ = ["state_keys_of", "values_and_next_values"]
+__all__ = ["restart_from_reached_state", "state_keys_of", "values_and_next_values"]
 
 IS_INIT_KEY = "is_init"
 
@@ -104,3 +104,47 @@ def values_and_next_values(
         ends = ends.reshape(*td.batch_size, *([1] * (value.dim() - td.batch_dims)))
         next_value = torch.where(ends, one_step, shifted.detach())
     return value, next_value
+
+
+def restart_from_reached_state(
+    network: TensorDictModuleBase,
+    td: TensorDictBase,
+    cut: Tensor,
+    *,
+    is_init_key: NestedKey = "is_init",
+    done_key: NestedKey = ("next", "done"),
+    what: str = "value estimator",
+) -> TensorDictBase:
+    """A copy of ``td`` in which every step marked by ``cut`` ``[*B, T]`` starts a sequence
+    (``is_init`` True) from the hidden state ``network`` reached at the step before it,
+    detached: a recurrent-mode pass over the copy gives the same outputs as over ``td`` but
+    no gradient crosses a cut (R2D2's stop-gradient at the end of the burn-in).
+
+    The reached state is ``("next", h)`` of one recurrent-mode pass without gradient in which
+    the cut steps already start sequences, so the step before each is a trajectory end, where
+    ``("next", h)`` is exact. Steps that start a trajectory anyway (``is_init``, or after a
+    done step) and ``t = 0`` are never cut: they restart from their stored state. A network
+    without recurrent modules gets ``td`` back.
+    """
+    keys = state_keys_of(network)
+    if not keys:
+        return td
+    eff = _effective_is_init(_flag(td, is_init_key, what), _flag(td, done_key, what))
+    cut = cut.reshape(eff.shape).bool() & ~eff
+    cut[..., 0, :] = False
+    starts = eff | cut
+    work = td.copy()
+    work.set(is_init_key, starts)
+    work.set(IS_INIT_KEY, starts)
+    with torch.no_grad(), set_recurrent_mode(True):
+        out = network(work)
+    tdim = td.batch_dims - 1
+    t = cut.shape[tdim]
+    restarted = td.copy()
+    for key in keys:
+        reached = out.get(("next", key)).detach()
+        before = torch.cat([reached.narrow(tdim, 0, 1), reached.narrow(tdim, 0, t - 1)], tdim)
+        where = cut.reshape(*cut.shape, *([1] * (reached.dim() - cut.dim())))
+        restarted.set(key, torch.where(where, before, td.get(key)))
+    restarted.set(is_init_key, starts)
+    return restarted
