@@ -20,6 +20,7 @@ Besides the usual settings this file holds two small directives and one check:
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import inspect
 import os
@@ -90,6 +91,7 @@ add_module_names = False
 # Every cross-reference must resolve (nitpicky), except those into the libraries recurrl
 # builds on: CI has no network for their inventories.
 nitpicky = True
+EXTERNAL = {"torch", "tensordict", "gymnasium", "numpy", "np", "ray", "typing", "collections"}
 nitpick_ignore_regex = [
     (r"py:.*", r"(torch|tensordict|gymnasium|numpy|np|ray|argparse|collections|typing)(\..*)?"),
     (r"py:.*", r"(Tensor|TensorDict|TensorDictBase|NestedKey|Module|Parameter|Generator)"),
@@ -122,6 +124,7 @@ LAZY = {
 }
 
 
+@functools.cache
 def public_names(package: str) -> list[str]:
     """The public names of ``package``: its ``__all__`` plus the lazy ones."""
     module = importlib.import_module(package)
@@ -147,6 +150,7 @@ def home_of(obj: object, package: str, name: str) -> str:
     return holders[0] if holders else package
 
 
+@functools.cache
 def _mod(package: str):
     return importlib.import_module(package)
 
@@ -274,13 +278,24 @@ def _attribute_docstring(self: GoogleDocstring) -> list[str]:
 GoogleDocstring._parse_attribute_docstring = _attribute_docstring
 
 
-def _lookup(path: str) -> object | None:
-    """The object at a dotted path (a module, then attributes), or None."""
+_MISSING = object()
+
+
+@functools.cache
+def _import(name: str) -> object | None:
+    try:
+        return importlib.import_module(name)
+    except Exception:
+        return None
+
+
+@functools.cache
+def _lookup(path: str) -> object:
+    """The object at a dotted path (a module, then attributes), or ``_MISSING``."""
     parts = path.split(".")
     for i in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except Exception:
+        obj = _import(".".join(parts[:i]))
+        if obj is None:
             continue
         for attr in parts[i:]:
             annotations = getattr(obj, "__annotations__", {}) if inspect.isclass(obj) else {}
@@ -291,25 +306,30 @@ def _lookup(path: str) -> object | None:
             elif inspect.isclass(obj) and _sets_attribute(obj, attr):
                 obj = attr  # an instance attribute: it exists, nothing more to look at
             else:
-                return None
+                return _MISSING
         return obj
-    return None
+    return _MISSING
+
+
+@functools.cache
+def _source(cls: type) -> str:
+    try:
+        return inspect.getsource(cls)
+    except (OSError, TypeError):
+        return ""
 
 
 def _sets_attribute(cls: type, attr: str) -> bool:
     """Whether a method of ``cls`` (or a base defined in recurrl) assigns ``self.<attr>``."""
     for base in cls.__mro__:
-        if not base.__module__.startswith("recurrl"):
-            continue
-        try:
-            source = inspect.getsource(base)
-        except (OSError, TypeError):
-            continue
-        if f"self.{attr} =" in source or f"self.{attr}: " in source:
-            return True
+        if base.__module__.startswith("recurrl"):
+            source = _source(base)
+            if f"self.{attr} =" in source or f"self.{attr}: " in source:
+                return True
     return False
 
 
+@functools.cache
 def _defined_in_recurrl(name: str) -> bool:
     """Whether some loaded recurrl module defines a class or function called ``name``."""
     for modname, module in list(sys.modules.items()):
@@ -350,6 +370,8 @@ def resolve_missing(app, env, node, contnode):
     if node.get("refdomain") != "py":
         return None
     target = node["reftarget"].lstrip(".~")
+    if target.split(".")[0] in EXTERNAL:
+        return None  # left to nitpick_ignore_regex
     module = node.get("py:module") or ""
     cls = node.get("py:class") or ""
     candidates = [target]
@@ -367,13 +389,12 @@ def resolve_missing(app, env, node, contnode):
     domain = env.get_domain("py")
     known = domain.objects
     for candidate in candidates:
-        obj = _lookup(candidate)
-        if obj is None:
+        if _lookup(candidate) is _MISSING:
             continue
         parts = candidate.split(".")
         for i in range(len(parts), 0, -1):
             owner = _lookup(".".join(parts[:i]))
-            if owner is not None and id(owner) in documented:
+            if owner is not _MISSING and id(owner) in documented:
                 public = ".".join([documented[id(owner)], *parts[i:]])
                 if public in known:
                     return domain.resolve_xref(
