@@ -29,12 +29,15 @@ Methods (all give the same numbers to rounding; see ``docs/implementation_detail
 * ``"chunked"``: the steps of each chunk of ``chunk`` steps run one at a time, vectorised
   over all chunks; the chunk totals are combined with the Hillis-Steele scan; one fix-up
   pass applies each chunk's incoming state. Depth ``chunk + log(T / chunk)``, work ``T``.
-* ``"auto"``: ``"sequential"`` for short sequences, ``"chunked"`` otherwise (measured
-  fastest on CPU, ``benchmarks/recurrent_scaling.py``).
+  Runs without an autograd graph over the steps: its backward is written by hand (the
+  same chunked scan backwards in time), so it is differentiable once, not twice.
+* ``"auto"``: ``"chunked"``, or ``"scan"`` under ``torch.compile``/``torch.vmap`` (plain
+  differentiable ops only). Measured on CPU in ``benchmarks/recurrent_scaling.py``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -45,8 +48,6 @@ __all__ = ["LINEAR_RECURRENCE_METHODS", "linear_recurrence"]
 LinearRecurrenceMethod = Literal["auto", "scan", "chunked", "sequential"]
 #: The accepted ``method`` values of :func:`linear_recurrence`.
 LINEAR_RECURRENCE_METHODS: tuple[str, ...] = ("auto", "scan", "chunked", "sequential")
-#: below this many steps ``auto`` runs the plain loop (fewer, larger kernels do not pay off)
-_AUTO_SEQUENTIAL_BELOW = 128
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
@@ -58,7 +59,7 @@ def linear_recurrence(
     *,
     time_dim: int = -2,
     method: LinearRecurrenceMethod | str = "auto",
-    chunk: int = 32,
+    chunk: int | None = None,
 ) -> Tensor:
     """Every state of ``h_t = a_t * h_{t-1} + b_t``, restarting from stored states at resets.
 
@@ -76,7 +77,9 @@ def linear_recurrence(
             ``is_init``; ``None``: zeros.
         time_dim: the time dimension of ``a``, ``b`` and ``stored`` (not the last one).
         method: ``"auto"``, ``"scan"``, ``"chunked"`` or ``"sequential"`` (module docstring).
-        chunk: steps per chunk of ``"chunked"`` (and of ``"auto"`` when it chunks).
+        chunk: steps per chunk of ``"chunked"`` (and of ``"auto"`` when it chunks);
+            ``None``: the power of two nearest ``sqrt(T)`` (at least 8), which balances the
+            steps run one at a time within chunks against the chunks combined by the scan.
 
     Returns:
         ``h`` ``[*B, T, H]`` with ``b``'s dtype: the state after every step. float16 and
@@ -100,8 +103,8 @@ def linear_recurrence(
         raise ValueError(
             f"linear_recurrence: method must be one of {LINEAR_RECURRENCE_METHODS}, got {method!r}."
         )
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"linear_recurrence: chunk must be a positive int, got {chunk!r}.")
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+        raise ValueError(f"linear_recurrence: chunk must be a positive int or None, got {chunk!r}.")
     a, b, reset, stored = _time_major(a, b, is_init, stored, time_dim)
     out_dtype = b.dtype
     if out_dtype in _LOW_PRECISION:
@@ -109,21 +112,22 @@ def linear_recurrence(
         stored = stored.float() if stored is not None else None
     # the first step of every sequence reads its stored state
     reset = torch.cat([reset[:1].new_ones(reset[:1].shape), reset[1:]])
-    # a reset step does not read h_{t-1}: its element is (0, a_t * s_t + b_t). The stored
-    # states that are not read are selected away first: a * NaN would send a NaN gradient
-    # to a_t even from the branch that where() drops
-    if stored is not None:
-        b = torch.where(reset, a * stored.masked_fill(~reset, 0.0) + b, b)
-    a = a.masked_fill(reset, 0.0)
-    steps = b.shape[0]
     if method == "auto":
-        method = "sequential" if steps < _AUTO_SEQUENTIAL_BELOW else "chunked"
-    if method == "sequential":
-        h = _sequential(a, b, reset)
-    elif method == "scan":
-        h = _hillis_steele(a, b, reset)[1]
+        # a custom autograd Function and out= writes do not compose with torch.compile and
+        # vmap: there, the scan of plain differentiable ops
+        transformed = torch.compiler.is_compiling() or torch._C._functorch.is_batchedtensor(b)
+        method = "scan" if transformed else "chunked"
+    if method == "chunked":
+        if chunk is None:
+            chunk = max(8, 2 ** round(math.log2(math.sqrt(b.shape[0]))))
+        needs_grad = any(t is not None and t.requires_grad for t in (a, b, stored))
+        if torch.is_grad_enabled() and needs_grad:
+            h = _ChunkedRecurrence.apply(a, b, stored, reset, chunk)
+        else:
+            h = _chunked_forward(*_restarted(a, b, stored, reset), reset, chunk)
     else:
-        h = _chunked(a, b, reset, chunk)
+        a, b = _restarted(a, b, stored, reset)
+        h = _sequential(a, b, reset) if method == "sequential" else _hillis_steele(a, b, reset)[1]
     return h.to(out_dtype).movedim(0, time_dim)
 
 
@@ -174,6 +178,17 @@ def _describe(value: object) -> str:
     return type(value).__name__
 
 
+def _restarted(a: Tensor, b: Tensor, stored: Tensor | None, reset: Tensor) -> tuple[Tensor, Tensor]:
+    """The elements with the restarts folded in: ``(0, a_t * s_t + b_t)`` where ``reset``.
+
+    The stored states that are not read are selected away before the product: ``a * NaN``
+    would send a NaN gradient to ``a_t`` even from the branch that ``where`` drops.
+    """
+    if stored is not None:
+        b = torch.where(reset, torch.addcmul(b, a, stored.masked_fill(~reset, 0.0)), b)
+    return a.masked_fill(reset, 0.0), b
+
+
 def _sequential(a: Tensor, b: Tensor, reset: Tensor) -> Tensor:
     """The oracle: ``h_t = b_t`` at a reset (``a_t`` is 0 there), else ``a_t h_{t-1} + b_t``."""
     h = b[0]
@@ -207,32 +222,79 @@ def _hillis_steele(a: Tensor, b: Tensor, reset: Tensor) -> tuple[Tensor, Tensor,
     return a, b, reset
 
 
-def _chunked(a: Tensor, b: Tensor, reset: Tensor, chunk: int) -> Tensor:
-    """Steps within chunks one at a time (vectorised over chunks), a log-depth scan over the
-    chunk totals, and one pass applying each chunk's incoming state."""
+def _chunked_forward(a: Tensor, b: Tensor, reset: Tensor, chunk: int) -> Tensor:
+    """The chunked scan without autograd: ``h`` for ``a``, ``b`` ``[T, ..., H]`` (``a`` 0
+    where ``reset``, ``b`` the whole state there).
+
+    Within every chunk, step ``j`` of all chunks at once (2 kernels a step, written in
+    place); the chunks' end states are combined by the Hillis-Steele scan (log depth); one
+    pass adds each chunk's incoming state times the product of its ``a`` up to each step.
+    Selected, never multiplied away: a reset inside a chunk takes ``b`` as it is.
+    """
     steps = a.shape[0]
-    if steps <= chunk:
-        return _sequential(a, b, reset)
     n_chunks = -(-steps // chunk)
     pad = n_chunks * chunk - steps
-    if pad:  # padded at the end: nothing before it depends on it
+    if pad:  # at the end, restarting: nothing before depends on it
         a = torch.cat([a, a.new_zeros(pad, *a.shape[1:])])
         b = torch.cat([b, b.new_zeros(pad, *b.shape[1:])])
         reset = torch.cat([reset, reset.new_ones(pad, *reset.shape[1:])])
-    # [n_chunks, chunk, ...] -> step j of every chunk at once: [chunk, n_chunks, ...]
-    a_c = a.unflatten(0, (n_chunks, chunk)).transpose(0, 1)
-    b_c = b.unflatten(0, (n_chunks, chunk)).transpose(0, 1)
-    r_c = reset.unflatten(0, (n_chunks, chunk)).transpose(0, 1)
-    # unbind, not a_c[j]: each indexing's backward would write a zero tensor of a_c's size
-    steps_c = list(zip(a_c.unbind(0), b_c.unbind(0), r_c.unbind(0), strict=True))
-    span = steps_c[0]
-    local = [span]
-    for step in steps_c[1:]:
-        span = _combine(span, step)
-        local.append(span)
-    loc_a, loc_b, loc_r = (torch.stack(x) for x in zip(*local, strict=True))
-    # the state entering chunk k is the end state of chunks 0..k-1 (chunk 0 starts at a reset)
-    _, ends, _ = _hillis_steele(loc_a[-1], loc_b[-1], loc_r[-1])
-    incoming = torch.cat([ends[:1].new_zeros(ends[:1].shape), ends[:-1]])
-    h = loc_a * torch.where(loc_r, 0.0, incoming.unsqueeze(0)) + loc_b
+    # step j of every chunk side by side, contiguous: [chunk, n_chunks, ...]
+    a_c = a.unflatten(0, (n_chunks, chunk)).transpose(0, 1).contiguous()
+    b_c = b.unflatten(0, (n_chunks, chunk)).transpose(0, 1).contiguous()
+    r_c = reset.unflatten(0, (n_chunks, chunk)).transpose(0, 1).contiguous()
+    h, keep, seen = torch.empty_like(b_c), torch.empty_like(a_c), torch.empty_like(r_c)
+    h[0], keep[0], seen[0] = b_c[0], a_c[0], r_c[0]  # no incoming state yet
+    for j in range(1, chunk):
+        torch.mul(a_c[j], h[j - 1], out=h[j])
+        h[j].add_(b_c[j])
+        torch.where(r_c[j], b_c[j], h[j], out=h[j])
+        if n_chunks > 1:
+            # how much of the incoming state step j keeps: the product of a since the chunk
+            # start, and whether a reset came first (then nothing, selected below)
+            torch.mul(keep[j - 1], a_c[j], out=keep[j])
+            torch.logical_or(seen[j - 1], r_c[j], out=seen[j])
+    if n_chunks > 1:
+        # a chunk holding a reset passes nothing through: its coefficient is 0, selected
+        # (the product before the reset may be NaN, and NaN * 0 would leak in the scan)
+        end_a = keep[-1].masked_fill(seen[-1], 0.0)
+        _, end_b, _ = _hillis_steele(end_a, h[-1], seen[-1])
+        incoming = torch.cat([end_b[:1].new_zeros(end_b[:1].shape), end_b[:-1]])
+        h = torch.where(seen, h, torch.addcmul(h, keep, incoming))
     return h.transpose(0, 1).flatten(0, 1)[:steps]
+
+
+class _ChunkedRecurrence(torch.autograd.Function):
+    """:func:`_chunked_forward` with its backward written by hand: the gradient of a linear
+    recurrence is the same recurrence run backwards in time,
+    ``dh_t = g_t + a_{t+1} dh_{t+1}`` (nothing flows back across a reset at ``t + 1``), then
+    ``db_t = dh_t`` and ``da_t = dh_t h_{t-1}``. No autograd graph over the steps is built,
+    which on CPU is most of the cost of the step loops."""
+
+    @staticmethod
+    def forward(ctx, a, b, stored, reset, chunk):
+        h = _chunked_forward(*_restarted(a, b, stored, reset), reset, chunk)
+        ctx.chunk = chunk
+        ctx.save_for_backward(a, h, stored, reset)
+        return h
+
+    @staticmethod
+    def backward(ctx, grad_h):
+        a, h, stored, reset = ctx.saved_tensors
+        # reversed in time: coefficient a_{t+1}, restart where t + 1 restarts (and at T - 1;
+        # the kernel selects there, so a_{t+1} need not be zeroed)
+        a_next = torch.cat([a[1:], a.new_zeros(1, *a.shape[1:])]).flip(0)
+        r_next = torch.cat([reset[1:], reset.new_ones(1, *reset.shape[1:])]).flip(0)
+        d_h = _chunked_forward(a_next, grad_h.flip(0), r_next, ctx.chunk).flip(0)
+        # da_t = dh_t h_{t-1} inside a trajectory, dh_t s_t at a restart (selected, as is
+        # ds_t = dh_t a_t, read at restarts only)
+        d_a = torch.empty_like(d_h)
+        d_a[0] = 0.0
+        torch.mul(d_h[1:], h[:-1], out=d_a[1:])
+        d_stored = None
+        if stored is None:
+            d_a.masked_fill_(reset, 0.0)
+        else:
+            d_a = torch.where(reset, d_h * stored, d_a)
+            if ctx.needs_input_grad[2]:
+                d_stored = torch.where(reset, d_h * a, 0.0)
+        return d_a, d_h, d_stored, None, None

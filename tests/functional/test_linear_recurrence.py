@@ -141,6 +141,7 @@ def test_a_non_finite_trajectory_does_not_cross_is_init(method, poison):
     is_init[:, cut] = True
     bad_a, bad_b, bad_s = a.clone(), b.clone(), stored.clone()
     bad_a[0, 10] = poison
+    bad_a[1, 50] = poison  # in the chunk of the restart (48-63), not the first chunk
     bad_b[1, 20:cut] = poison
     bad_s[0, 1:cut] = poison  # stored states that are not read (no restart there)
     bad_s[:, cut + 1 :] = poison
@@ -175,7 +176,7 @@ def test_bad_arguments_say_what_was_expected():
     a, b, is_init, stored = _problem(2, 5, 3, seed=8)
     with pytest.raises(ValueError, match="method must be one of"):
         linear_recurrence(a, b, method="blelloch")
-    with pytest.raises(ValueError, match="chunk must be a positive int"):
+    with pytest.raises(ValueError, match="chunk must be a positive int or None"):
         linear_recurrence(a, b, chunk=0)
     with pytest.raises(ValueError, match=r"is_init must be a bool tensor.*\[2, 5\]"):
         linear_recurrence(a, b, is_init.float())
@@ -187,3 +188,10 @@ def test_bad_arguments_say_what_was_expected():
         linear_recurrence(a, b, is_init, stored[:, 0])
     with pytest.raises(ValueError, match="b must be a floating tensor"):
         linear_recurrence(a, torch.ones(2, 5, 3, dtype=torch.long))
+
+
+def test_auto_runs_under_vmap_with_plain_differentiable_ops():
+    a, b, is_init, stored = _problem(4, 20, 3, seed=9)
+    want = linear_recurrence(a, b, is_init, stored, method="sequential")
+    got = torch.vmap(lambda x, y, r, s: linear_recurrence(x, y, r, s))(a, b, is_init, stored)
+    torch.testing.assert_close(got, want)
