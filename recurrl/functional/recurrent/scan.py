@@ -240,14 +240,18 @@ def _autograd_layer(
 ) -> tuple[Tensor, ...]:
     """Time-major loop with autograd; returns the per-step states, each ``[T, N, S]``."""
     kind = cfg.kind
-    carry = tuple(s[0] for s in stored)
+    # unbind once, not xp[t] per step: the backward of every indexing writes a zero tensor
+    # of the whole [T, ...] input, which made the loop quadratic in T
+    xs, resets = xp.unbind(0), reset.unbind(0)
+    stored_t = [s.unbind(0) for s in stored]
+    carry = tuple(s[0] for s in stored_t)
     per_step: list[tuple[Tensor, ...]] = []
     for t in range(xp.shape[0]):
         if t:
             carry = tuple(
-                torch.where(reset[t], s[t], c) for s, c in zip(stored, carry, strict=True)
+                torch.where(resets[t], s[t], c) for s, c in zip(stored_t, carry, strict=True)
             )
-        carry = tuple(kind.step_projected(cfg, lw, xp[t], carry))
+        carry = tuple(kind.step_projected(cfg, lw, xs[t], carry))
         per_step.append(carry)
     return tuple(torch.stack(s) for s in zip(*per_step, strict=True))
 
