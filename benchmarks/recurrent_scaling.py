@@ -1,0 +1,134 @@
+"""Recurrent mode over long sequences: a linear-recurrent cell's parallel scan against the
+LSTM/GRU and against a step loop.
+
+Forward+backward of :func:`~recurrl.functional.recurrent.recurrent_unroll` (the backend
+alone, no TensorDict) on B=16 rows of T in {64, 256, 1024, 4096} steps, F=16 input
+features, H=64, one layer, with resets: ``is_init`` at random with mean episode length 64,
+zeros stored at the restarts (what a collector stores) and random states at every row's
+first step (a replayed slice). Candidates:
+
+* ``mingru/assoc``: minGRU through the ``assoc`` backend (the reset-aware chunked scan;
+  what ``auto`` picks for it);
+* ``mingru/scan``: the same cell stepped one step at a time (the ``scan`` backend's autograd
+  loop: the sequential baseline);
+* ``lstm/pad`` and ``gru/pad``: torch's fused LSTM/GRU on the pieces between resets (what
+  ``auto`` picks for the LSTM on CPU); ``gru/scan``: the GRU's hand-written fused loop (what
+  ``auto`` picks for the GRU on CPU).
+
+Time: median of interleaved rounds (``_timing.compare``). Memory: the bytes of the tensors
+autograd saves for backward (``torch.autograd.graph.saved_tensors_hooks``, each storage
+counted once), i.e. the activations a training step keeps alive between forward and
+backward, not the process's peak (tracemalloc does not see torch's allocator, and the RSS
+of a process that has run larger cases does not go down).
+
+Run: ``python benchmarks/recurrent_scaling.py [--quick] [--threads N] [--steps T ...]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import compare
+
+from recurrl.functional.recurrent import RNNConfig, recurrent_unroll
+from recurrl.functional.recurrent.linear_cells import MinGRU
+
+B, F, H = 16, 16, 64
+CANDIDATES = {
+    "mingru/assoc": ("mingru", "assoc"),
+    "mingru/scan": ("mingru", "scan"),
+    "lstm/pad": ("lstm", "pad"),
+    "gru/pad": ("gru", "pad"),
+    "gru/scan": ("gru", "scan"),
+}
+NETWORKS = {"mingru": MinGRU, "lstm": torch.nn.LSTM, "gru": torch.nn.GRU}
+
+
+def make_batch(steps: int, mean_episode: int = 64, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, steps, F, generator=g)
+    is_init = torch.rand(B, steps, generator=g) < 1.0 / mean_episode
+    state = torch.randn(B, steps, 1, H, generator=g) * 0.1
+    state[:, 1:][is_init[:, 1:]] = 0.0  # the primer's zeros at restarts inside a row
+    return x, state, is_init
+
+
+def make_step(kind: str, backend: str, steps: int):
+    torch.manual_seed(0)
+    net = NETWORKS[kind](F, H, batch_first=True)
+    cfg = RNNConfig(kind, F, H)
+    x, state, is_init = make_batch(steps)
+    states = (state, state.clone()) if kind == "lstm" else (state,)
+    weights = list(net._flat_weights)
+
+    def step():
+        xs = x.clone().requires_grad_(True)
+        y, _ = recurrent_unroll(cfg, weights, xs, states, is_init, backend=backend, training=True)
+        y.sum().backward()
+
+    def saved_bytes() -> int:
+        seen: dict[int, int] = {}
+
+        def pack(t: torch.Tensor):
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        xs = x.clone().requires_grad_(True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y, _ = recurrent_unroll(cfg, weights, xs, states, is_init, backend=backend)
+        del y
+        return sum(seen.values())
+
+    return step, saved_bytes
+
+
+def run(steps_list: list[int], rounds: int, inner: int, warmup: int, clock) -> None:
+    names = list(CANDIDATES)
+    print(f"{'T':>5}  " + "  ".join(f"{n:>13}" for n in names) + "   lstm/pad / mingru/assoc")
+    for steps in steps_list:
+        fns, mem = {}, {}
+        for name, (kind, backend) in CANDIDATES.items():
+            fns[name], saved = make_step(kind, backend, steps)
+            mem[name] = saved()
+        times = compare(fns, rounds=rounds, inner=inner, warmup=warmup, clock=clock)
+        cells = "  ".join(f"{times[n] * 1e3:8.1f} ms   " for n in names)
+        ratio = times["lstm/pad"] / times["mingru/assoc"]
+        print(f"{steps:>5}  {cells}  {ratio:5.1f}x", flush=True)
+        print(
+            f"{'':>5}  " + "  ".join(f"{mem[n] / 2**20:8.1f} MiB  " for n in names)
+            + "   (saved for backward)",
+            flush=True,
+        )  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--steps", type=int, nargs="+", default=[64, 256, 1024, 4096])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (smoke test)")
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time the CPU time of the calling thread (with --threads 1: steadier on a "
+        "shared machine)",
+    )
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.cpu_time and torch.get_num_threads() != 1:
+        parser.error("--cpu-time counts the calling thread only: use it with --threads 1")
+    rounds, inner, warmup = (3, 1, 1) if args.quick else (7, 1, 2)
+    print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, B={B} F={F} H={H}")
+    clock = time.thread_time if args.cpu_time else time.perf_counter
+    run(args.steps, rounds, inner, warmup, clock)
+
+
+if __name__ == "__main__":
+    main()
