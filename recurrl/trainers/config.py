@@ -174,8 +174,9 @@ class EnvConfig:
 class ModelConfig:
     """Actor and critic: a trunk (recurrent or feed-forward) and small MLP heads."""
 
-    memory: Literal["lstm", "gru", "none"] = "lstm"
-    """Trunk: lstm, gru, or none (a feed-forward MLP baseline without memory)."""
+    memory: Literal["lstm", "gru", "mingru", "none"] = "lstm"
+    """Trunk: lstm, gru, mingru (a linear-recurrent cell trained with a parallel scan), or
+    none (a feed-forward MLP baseline without memory)."""
     hidden_size: int = 64
     """Features of the recurrent state (and width of the MLP layers)."""
     num_layers: int = 1
@@ -186,18 +187,20 @@ class ModelConfig:
     """Continuous (Box) actions, PPO only: the policy is a Gaussian squashed by tanh into the
     action bounds; its standard deviation is one learned parameter per action entry
     (parameter) or an output of the actor's head for every state (state)."""
-    recurrent_backend: Literal["auto", "pad", "scan"] = "auto"
-    """How the LSTM/GRU trunk runs a sequence with resets in training: pad (split at resets,
-    torch's fused kernel), scan (time loop), or auto (the faster for the input: pad for the
-    LSTM and scan for the GRU on CPU; pad on CUDA). All give the same numbers up to float
+    recurrent_backend: Literal["auto", "pad", "scan", "assoc"] = "auto"
+    """How the recurrent trunk runs a sequence with resets in training: pad (split at resets,
+    torch's fused kernel), scan (time loop), assoc (parallel scan, linear cells such as
+    mingru only), or auto (the faster for the input: pad for the LSTM and scan for the GRU on
+    CPU; pad on CUDA; assoc for mingru). All give the same numbers up to float
     rounding (the default recipes hold under both, see benchmarks/learning/README.md), so a
     resumed run may change it."""
 
     def __post_init__(self) -> None:
         finite(self)
-        if self.memory not in ("lstm", "gru", "none"):
+        if self.memory not in ("lstm", "gru", "mingru", "none"):
             raise ValueError(
-                f"ModelConfig: memory must be 'lstm', 'gru' or 'none', received {self.memory!r}."
+                f"ModelConfig: memory must be 'lstm', 'gru', 'mingru' or 'none', received "
+                f"{self.memory!r}."
             )
         positive("ModelConfig", hidden_size=self.hidden_size, num_layers=self.num_layers)
         if self.action_std not in ("parameter", "state"):
@@ -205,10 +208,16 @@ class ModelConfig:
                 f"ModelConfig: action_std must be 'parameter' or 'state', received "
                 f"{self.action_std!r}. Fix: --action-std parameter."
             )
-        if self.recurrent_backend not in ("auto", "pad", "scan"):
+        if self.recurrent_backend not in ("auto", "pad", "scan", "assoc"):
             raise ValueError(
-                f"ModelConfig: recurrent_backend must be 'auto', 'pad' or 'scan', received "
-                f"{self.recurrent_backend!r}."
+                f"ModelConfig: recurrent_backend must be 'auto', 'pad', 'scan' or 'assoc', "
+                f"received {self.recurrent_backend!r}."
+            )
+        if self.recurrent_backend == "assoc" and self.memory != "mingru":
+            raise ValueError(
+                f"ModelConfig: recurrent_backend='assoc' (a parallel scan) runs only "
+                f"linear-recurrent cells (memory='mingru'), received memory={self.memory!r}. "
+                f"Fix: --recurrent-backend auto, or --memory mingru."
             )
 
 

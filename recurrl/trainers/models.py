@@ -24,7 +24,7 @@ from recurrl.envs import (
     TransformedEnv,
     specs,
 )
-from recurrl.modules import MLP, GRUModule, LSTMModule, RecurrentModule
+from recurrl.modules import MLP, GRUModule, LSTMModule, MinGRUModule, RecurrentModule
 from recurrl.trainers.config import DEFAULT_NUM_ENVS, EnvConfig, ModelConfig, TrainConfig
 from recurrl.trainers.encoders import (
     ObsInputs,
@@ -63,6 +63,7 @@ FEED_FORWARD = "none"
 MEMORY_MODULES: dict[str, tuple[type[RecurrentModule], tuple[str, ...]]] = {
     "lstm": (LSTMModule, ("h", "c")),
     "gru": (GRUModule, ("h",)),
+    "mingru": (MinGRUModule, ("h",)),
 }
 
 

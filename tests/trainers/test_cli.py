@@ -61,7 +61,7 @@ def test_help_shows_field_docstrings(capsys):
         main(["train", "--help"])
     assert info.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "--memory {lstm,gru,none}" in out
+    assert "--memory {lstm,gru,mingru,none}" in out
     assert "a feed-forward MLP baseline without memory" in out
     assert "--resume RUN_DIR" in out
 
@@ -389,6 +389,22 @@ def test_recurrent_backend_reaches_the_recurrent_trunks(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--recurrent-backend", "fast"])
     assert "invalid choice: 'fast'" in capsys.readouterr().err
+
+
+def test_mingru_trains_with_the_parallel_scan_and_assoc_refuses_other_cells(tmp_path, capsys):
+    from recurrl.trainers.models import ActorCritic
+
+    cfg = parse_train("--memory", "mingru")
+    net = ActorCritic(cfg.model, 2, 2)
+    assert type(net.actor[0]).__name__ == "MinGRUModule"
+    assert net.actor[0].recurrent_backend == "auto"  # auto resolves to assoc for mingru
+    run_dir = tmp_path / "mingru"
+    lines = run_cli(capsys, "train", "--memory", "mingru", "--recurrent-backend", "assoc",
+                    "--frames", "2000", "--run-dir", str(run_dir))  # fmt: skip
+    assert lines[-1] == str(run_dir)
+    assert main(["train", "--memory", "lstm", "--recurrent-backend", "assoc"]) == 2
+    err = capsys.readouterr().err
+    assert "recurrent_backend='assoc'" in err and "--memory mingru" in err
 
 
 def test_resume_may_change_the_recurrent_backend(tiny_run, tmp_path, capsys):
