@@ -471,5 +471,3 @@ def _check_traj_id_layout(offset: object, stride: object) -> None:
             f"ids offset + stride * k would collide with those of the collector at offset "
             f"{offset % stride}. Fix: traj_id_offset={offset % stride}, or a larger stride."
         )
-
-
