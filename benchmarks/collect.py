@@ -101,8 +101,9 @@ def plain_loop(n_envs: int, steps: int, lstm: LSTMModule, head: nn.Linear):
 
 
 def breakdown(collector: Collector, frames: int) -> str:
-    """Share of one batch spent in env.step, env.reset (partial resets), the policy, and
-    the collector itself (step_mdp, ids, stacking): instance attributes shadow the methods."""
+    """Share of one batch spent in the env step, partial resets, the policy, and the
+    collector itself (next root, ids, stacking): instance attributes shadow the methods of
+    the env's step plan (what the collector calls) and of the collector."""
     spent = {"env.step": 0.0, "env.reset": 0.0, "policy": 0.0}
 
     def timed(name, fn):
@@ -115,13 +116,13 @@ def breakdown(collector: Collector, frames: int) -> str:
 
         return wrapper
 
-    env = collector.env
-    env.step, env.reset = timed("env.step", env.step), timed("env.reset", env.reset)
+    plan = collector.env._step_plan()
+    plan.step, plan.reset = timed("env.step", plan.step), timed("env.reset", plan.reset)
     collector._act = timed("policy", collector._act)
     start = time.perf_counter()
     collector.rollout()
     total = time.perf_counter() - start
-    del env.step, env.reset, collector._act
+    del plan.step, plan.reset, collector._act
     spent["collector"] = total - sum(spent.values())
     parts = ", ".join(f"{k} {v / total:.0%}" for k, v in spent.items())
     return f"breakdown ({total / frames * 1e6:.0f} us/frame): {parts}"
