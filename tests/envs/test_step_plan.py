@@ -55,7 +55,7 @@ class LazyResetEnv(CountingEnv):
 def _oracle(env: EnvBase, td: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
     td = env.step(td)
     root = env.step_mdp(td)
-    done = env._done_flag(td)
+    done = td.get(("next", "done")).reshape(*env.batch_size, -1).any(-1)  # independent of the plan
     if bool(done.any()):
         root.set(RESET_KEY, done.unsqueeze(-1))
         out = env.reset(root)
