@@ -229,6 +229,7 @@ class LSTMKind(CellKind):
         self, cfg, weights, x, hx, *, dropout, training, batch_first, num_layers=None
     ):
         layers = cfg.num_layers if num_layers is None else num_layers
+        hx = tuple(t.contiguous() for t in hx)  # cuDNN refuses a non-contiguous state
         y, h, c = torch.lstm(
             x, hx, list(weights), cfg.bias, layers, dropout, training, False, batch_first
         )
@@ -266,7 +267,15 @@ class GRUKind(CellKind):
     ):
         layers = cfg.num_layers if num_layers is None else num_layers
         y, h = torch.gru(
-            x, hx[0], list(weights), cfg.bias, layers, dropout, training, False, batch_first
+            x,
+            hx[0].contiguous(),
+            list(weights),
+            cfg.bias,
+            layers,
+            dropout,
+            training,
+            False,
+            batch_first,
         )
         return y, (h,)
 

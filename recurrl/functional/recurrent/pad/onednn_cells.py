@@ -73,6 +73,8 @@ def lstm_layer(
         )
         usable = ws is not None and ws.numel() and ws.numel() % grid.element_size() == 0
         return y, cy[0], ws if usable else None
+    # cuDNN refuses a non-contiguous state (a row selection of the stored states)
+    hx, cx = hx.contiguous(), cx.contiguous()
     y, _, cy = torch.lstm(grid, (hx, cx), list(params), bias, 1, 0.0, training, False, False)
     return y, cy[0], None
 
