@@ -5,9 +5,9 @@ step is one large torch matmul outside the loop; a kernel runs the whole loop of
 (``h = where(is_init_t, stored_t, h)``, the recurrent matmul with ``tl.dot``, the gates, the
 state update); backward is a :class:`torch.autograd.Function` whose reverse-time kernel
 carries ``dh``/``dc`` and writes the per-step gate gradients, from which the recurrent-weight
-gradient is one matmul over all steps. ``recompute="full"`` saves only the loop inputs and
-replays the forward kernel in backward. The kernels are in
-:mod:`recurrl.functional.recurrent.triton_kernels`.
+gradient is one matmul over all steps. ``recompute="full"`` saves only the layer's input,
+stored states and weights, and recomputes the input projection and replays the forward kernel
+in backward. The kernels are in :mod:`recurrl.functional.recurrent.triton_kernels`.
 
 Numerics: float32 tensors only; ``compute_dtype=torch.bfloat16`` casts the recurrent matmul's
 operands (``h``/``W_hh`` forward, gate gradients/``W_hh`` backward) to bfloat16 with float32
@@ -19,9 +19,10 @@ float32 with numpy.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +35,9 @@ from recurrl.functional.sequences import segment_starts
 __all__ = [
     "TRITON_CELLS",
     "TRITON_COMPUTE_DTYPES",
+    "TritonLaunch",
     "triton_config_error",
+    "triton_launch",
     "triton_unavailable_reason",
     "triton_unroll",
 ]
@@ -44,14 +47,90 @@ TRITON_COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
 #: The cell kinds the kernels are written for; the backend refuses the others by name.
 TRITON_CELLS = frozenset({"lstm", "gru"})
 
-_BLOCK_ROWS = 16  # batch rows per program (tl.dot needs every side >= 16)
-_BLOCK_COLS = 64  # hidden units per output tile
-# Reduction tile of the streamed weight: with Triton's 3-stage pipelining, a float32 LSTM at
-# 64 needs 136 KiB of shared memory (sm_90, compiled offline), more than consumer GPUs have;
-# 32 halves it. bfloat16 tiles are half the bytes.
+
+@dataclass(frozen=True)
+class TritonLaunch:
+    """Tile sizes and scheduling of the kernels (the knobs ``benchmarks/triton_gpu.py --tune``
+    sweeps). Every block side is a power of two >= 16 (``tl.dot``'s smallest side).
+
+    Attributes:
+        block_rows: batch rows per program (``BN``); the grid has ``ceil(N / block_rows)``
+            programs, each running the whole time loop of its rows.
+        block_cols: hidden units per output tile (``BJ``, capped at ``H`` padded); ``None``:
+            128 for the LSTM, 256 for the GRU. With 8 warps these were the fastest of the
+            configurations timed on an H200 at H=256 and H=512 (``benchmarks/README.md``); 256
+            columns do not fit the LSTM's four gate tiles in shared memory. A launch that
+            needs more shared memory than the device has is retried once with 64 columns
+            and 4 warps (the configuration that fits consumer GPUs).
+        block_k: reduction tile of the streamed recurrent weight (``BK``); ``None``: 32 for
+            float32 operands, 64 for bfloat16 (the float32 LSTM at 64 needs 136 KiB of shared
+            memory with 3-stage pipelining, more than consumer GPUs have).
+        num_warps: warps per program.
+        num_stages: software-pipelining stages of the weight loads.
+
+    Examples:
+        >>> TritonLaunch(block_rows=32).block_rows
+        32
+        >>> TritonLaunch(block_cols=48)
+        Traceback (most recent call last):
+        ...
+        ValueError: TritonLaunch.block_cols must be a power of two >= 16, got 48.
+    """
+
+    block_rows: int = 16
+    block_cols: int | None = None
+    block_k: int | None = None
+    num_warps: int = 8
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("block_rows", "block_cols", "block_k"):
+            v = getattr(self, name)
+            if v is None and name != "block_rows":
+                continue
+            if not isinstance(v, int) or v < 16 or v & (v - 1):
+                raise ValueError(f"TritonLaunch.{name} must be a power of two >= 16, got {v!r}.")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(
+                f"TritonLaunch.num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps!r}."
+            )
+        if not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise ValueError(
+                f"TritonLaunch.num_stages must be a positive int, got {self.num_stages!r}."
+            )
+
+
+_DEFAULT_LAUNCH = TritonLaunch()
+_launch: TritonLaunch = _DEFAULT_LAUNCH
 _BLOCK_K = {torch.float32: 32, torch.bfloat16: 64}
+_BLOCK_COLS = {True: 128, False: 256}  # by opts.lstm
+#: what a launch that ran out of shared memory is retried with
+_SMALL_LAUNCH = {"BJ": 64, "num_warps": 4}
 
 
+@contextlib.contextmanager
+def triton_launch(launch: TritonLaunch | None = None, **changes: int) -> Iterator[TritonLaunch]:
+    """Run the ``triton`` backend with other tile sizes inside the block (for tuning).
+
+    Args:
+        launch: the configuration to use (default: the current one).
+        **changes: fields of :class:`TritonLaunch` to replace in it.
+
+    Examples:
+        >>> with triton_launch(block_rows=32, num_warps=8) as launch:
+        ...     launch.block_rows, launch.num_warps
+        (32, 8)
+    """
+    global _launch
+    previous = _launch
+    _launch = replace(launch or previous, **changes)
+    try:
+        yield _launch
+    finally:
+        _launch = previous
+
+
+@torch.compiler.assume_constant_result  # read once per compilation, not traced into triton
 def _interpreting() -> bool:
     from recurrl.functional.recurrent.triton_kernels import interpreting
 
@@ -108,12 +187,35 @@ class _Options:
     recompute: bool
 
 
-def _launch_shape(n: int, hidden: int, compute_dtype: torch.dtype) -> tuple[tuple[int], dict]:
-    """Grid and block sizes: ``HP`` is ``hidden`` padded to a power of two >= 16."""
+def _launch_shape(n: int, hidden: int, opts: _Options) -> tuple[tuple[int], dict]:
+    """Grid, block sizes and scheduling: ``HP`` is ``hidden`` padded to a power of two >= 16."""
+    launch = _launch
     hp = max(16, 1 << (hidden - 1).bit_length())
-    blocks = {"BN": _BLOCK_ROWS, "HP": hp, "BJ": min(hp, _BLOCK_COLS)}
-    blocks["BK"] = min(hp, _BLOCK_K[compute_dtype])
-    return (-(-n // _BLOCK_ROWS),), blocks
+    block_k = launch.block_k or _BLOCK_K[opts.compute_dtype]
+    block_cols = launch.block_cols or _BLOCK_COLS[opts.lstm]
+    blocks = {"BN": launch.block_rows, "HP": hp, "BJ": min(hp, block_cols)}
+    blocks["BK"] = min(hp, block_k)
+    if not _interpreting():
+        blocks.update(num_warps=launch.num_warps, num_stages=launch.num_stages)
+    return (-(-n // launch.block_rows),), blocks
+
+
+def _out_of_shared_memory(err: Exception) -> bool:
+    """Whether ``err`` is Triton's refusal of a launch needing more shared memory than the
+    device has (raised when the kernel is compiled for it, before anything runs)."""
+    return type(err).__name__ == "OutOfResources" and "shared" in str(err).lower()
+
+
+def _launch_kernel(kernel, grid, *args, **shape) -> None:
+    """``kernel[grid](*args, **shape)``; on a device with too little shared memory for these
+    tiles, once more with the small ones (nothing was written: the launch never started)."""
+    try:
+        kernel[grid](*args, **shape)
+    except Exception as err:
+        small = {**shape, **_SMALL_LAUNCH, "BJ": min(shape["BJ"], _SMALL_LAUNCH["BJ"])}
+        if not _out_of_shared_memory(err) or small == shape:
+            raise
+        kernel[grid](*args, **small)
 
 
 def _upcast(opts: _Options) -> bool:
@@ -126,7 +228,7 @@ def _run_forward(xp, sh, sc, reset, w_hh, b_hn, opts: _Options, store_act: bool)
 
     steps, n, gh = xp.shape
     hid = sh.shape[-1]
-    grid, shape = _launch_shape(n, hid, opts.compute_dtype)
+    grid, shape = _launch_shape(n, hid, opts)
     hs, h_in = torch.empty_like(sh), torch.empty_like(sh)
     h_in[0] = sh[0]
     if opts.lstm:
@@ -137,7 +239,8 @@ def _run_forward(xp, sh, sc, reset, w_hh, b_hn, opts: _Options, store_act: bool)
     act = xp.new_empty(steps, n, 4 * hid) if store_act else hs
     wt = w_hh.t().contiguous().to(opts.compute_dtype)
     forward, _ = kernels()
-    forward[grid](
+    _launch_kernel(
+        forward, grid,
         xp, sh, sc, reset, wt, b_hn if b_hn is not None else hs, h_in, c_in, hs, cs, act,
         steps, n, hid, G=gh // hid, IS_LSTM=opts.lstm, HAS_BHN=b_hn is not None,
         STORE_ACT=store_act, PRECISION=opts.precision, UPCAST=_upcast(opts), **shape,
@@ -145,18 +248,66 @@ def _run_forward(xp, sh, sc, reset, w_hh, b_hn, opts: _Options, store_act: bool)
     return hs, cs, h_in, c_in, act
 
 
+def _backward_kernel(opts: _Options, d_hs, d_cs, reset, w_hh, act, h_in, c_in, cs):
+    """The reverse-time kernel: ``(d_g, d_h_in, d_c_in, d_w_hh)``.
+
+    ``d_g [T, N, 4H]`` holds the gradients of the gates' pre-activations (GRU: ``r, z``,
+    ``W_hn h + b_hn``, ``n``); ``d_h_in``/``d_c_in`` those of the state entering each step.
+    """
+    from recurrl.functional.recurrent.triton_kernels import kernels
+
+    steps, n, hid = h_in.shape
+    gates = 4 if opts.lstm else 3
+    d_hs = d_hs.contiguous() if d_hs is not None else torch.zeros_like(h_in)
+    if opts.lstm:
+        d_cs = d_cs.contiguous() if d_cs is not None else torch.zeros_like(h_in)
+        d_c_in = torch.empty_like(h_in)
+    else:
+        cs = c_in = h_in  # unused by the GRU kernel
+        d_cs = d_c_in = d_hs
+    d_g = act.new_empty(steps, n, 4 * hid)
+    d_h_in = torch.empty_like(h_in)
+    grid, shape = _launch_shape(n, hid, opts)
+    _, backward = kernels()
+    _launch_kernel(
+        backward, grid,
+        d_hs, d_cs, reset, w_hh.contiguous().to(opts.compute_dtype), act, h_in, c_in, cs,
+        d_g, d_h_in, d_c_in, steps, n, hid, G=gates, IS_LSTM=opts.lstm,
+        PRECISION=opts.precision, UPCAST=_upcast(opts), **shape,
+    )  # fmt: skip
+    # the recurrent weight's gradient in bulk: one matmul over every step
+    d_w_hh = d_g[..., : gates * hid].reshape(-1, gates * hid).t() @ h_in.reshape(-1, hid)
+    return d_g, d_h_in, d_c_in if opts.lstm else None, d_w_hh
+
+
+def _state_grads(reset: Tensor, d_h_in: Tensor, d_c_in: Tensor | None):
+    """Gradients of the stored states: only where a step restarts from them. Selected, not
+    multiplied by the mask: inside a trajectory that went non-finite the incoming gradients
+    are NaN, and the stored states there are not read (gradient 0)."""
+    keep = (reset == 0).unsqueeze(-1)
+    d_sc = d_c_in.masked_fill(keep, 0.0) if d_c_in is not None else None
+    return d_h_in.masked_fill(keep, 0.0), d_sc
+
+
+def _split_gate_grads(opts: _Options, d_g: Tensor, has_bhn: bool):
+    """``(d_xp, d_b_hn)``: the input projection's share of the gate gradients (GRU: without
+    the ``W_hn h + b_hn`` slot, whose sum is ``b_hn``'s gradient)."""
+    if opts.lstm:
+        return d_g, None
+    hid = d_g.shape[-1] // 4
+    d_xp = torch.cat([d_g[..., : 2 * hid], d_g[..., 3 * hid :]], dim=-1)
+    return d_xp, d_g[..., 2 * hid : 3 * hid].sum((0, 1)) if has_bhn else None
+
+
 class _TritonLayer(torch.autograd.Function):
+    """One layer from its input projection ``xp``; saves the per-step gate activations."""
+
     @staticmethod
     def forward(ctx, xp, sh, sc, reset, w_hh, b_hn, opts: _Options):
-        hs, cs, h_in, c_in, act = _run_forward(
-            xp, sh, sc, reset, w_hh, b_hn, opts, store_act=not opts.recompute
-        )
+        hs, cs, h_in, c_in, act = _run_forward(xp, sh, sc, reset, w_hh, b_hn, opts, store_act=True)
         ctx.opts = opts
         ctx.has_bhn = b_hn is not None
-        bias = (b_hn,) if b_hn is not None else ()
-        if opts.recompute:
-            ctx.save_for_backward(xp, sh, *((sc,) if opts.lstm else ()), reset, w_hh, *bias)
-        elif opts.lstm:
+        if opts.lstm:
             ctx.save_for_backward(reset, w_hh, act, h_in, c_in, cs)
         else:
             ctx.save_for_backward(reset, w_hh, act, h_in)
@@ -164,64 +315,86 @@ class _TritonLayer(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_hs, d_cs=None):
-        from recurrl.functional.recurrent.triton_kernels import kernels
-
         opts: _Options = ctx.opts
-        if opts.recompute:
-            saved = list(ctx.saved_tensors)
-            xp, sh = saved.pop(0), saved.pop(0)
-            sc = saved.pop(0) if opts.lstm else None
-            reset, w_hh = saved.pop(0), saved.pop(0)
-            b_hn = saved.pop(0) if ctx.has_bhn else None
-            _, cs, h_in, c_in, act = _run_forward(
-                xp, sh, sc, reset, w_hh, b_hn, opts, store_act=True
-            )
-        elif opts.lstm:
+        if opts.lstm:
             reset, w_hh, act, h_in, c_in, cs = ctx.saved_tensors
         else:
-            reset, w_hh, act, h_in = ctx.saved_tensors
-            cs = c_in = h_in  # unused by the GRU kernel
-        steps, n, hid = h_in.shape
-        gates = 4 if opts.lstm else 3
-        d_hs = d_hs.contiguous() if d_hs is not None else torch.zeros_like(h_in)
-        if opts.lstm:
-            d_cs = d_cs.contiguous() if d_cs is not None else torch.zeros_like(h_in)
-            d_c_in = torch.empty_like(h_in)
-        else:
-            d_cs = d_c_in = d_hs  # unused by the GRU kernel
-        d_g = act.new_empty(steps, n, 4 * hid)
-        d_h_in = torch.empty_like(h_in)
-        grid, shape = _launch_shape(n, hid, opts.compute_dtype)
-        _, backward = kernels()
-        backward[grid](
-            d_hs, d_cs, reset, w_hh.contiguous().to(opts.compute_dtype), act, h_in, c_in, cs,
-            d_g, d_h_in, d_c_in, steps, n, hid, G=gates, IS_LSTM=opts.lstm,
-            PRECISION=opts.precision, UPCAST=_upcast(opts), **shape,
-        )  # fmt: skip
-        # Parameter gradients in bulk: one matmul over every step.
-        d_gh = d_g[..., : gates * hid]
-        d_w_hh = d_gh.reshape(-1, gates * hid).t() @ h_in.reshape(-1, hid)
-        # selected, not multiplied by the mask: inside a trajectory that went non-finite the
-        # incoming gradients are NaN, and the stored states there are not read (gradient 0)
-        keep = (reset == 0).unsqueeze(-1)
-        d_sh = d_h_in.masked_fill(keep, 0.0)
-        if opts.lstm:
-            return d_g, d_sh, d_c_in.masked_fill(keep, 0.0), None, d_w_hh, None, None
-        d_xp = torch.cat([d_g[..., : 2 * hid], d_g[..., 3 * hid :]], dim=-1)
-        d_b_hn = d_g[..., 2 * hid : 3 * hid].sum((0, 1)) if ctx.has_bhn else None
-        return d_xp, d_sh, None, None, d_w_hh, d_b_hn, None
+            (reset, w_hh, act, h_in), c_in, cs = ctx.saved_tensors, None, None
+        d_g, d_h_in, d_c_in, d_w_hh = _backward_kernel(
+            opts, d_hs, d_cs, reset, w_hh, act, h_in, c_in, cs
+        )
+        d_sh, d_sc = _state_grads(reset, d_h_in, d_c_in)
+        d_xp, d_b_hn = _split_gate_grads(opts, d_g, ctx.has_bhn)
+        return d_xp, d_sh, d_sc, None, d_w_hh, d_b_hn, None
 
 
-def _projection(cfg: RNNConfig, lw, x: Tensor) -> tuple[Tensor, Tensor | None]:
+def _project(x: Tensor, w_ih: Tensor, b_ih, b_hh, lstm: bool) -> tuple[Tensor, Tensor | None]:
     """``(x W_ih^T + biases, b_hn)``: every bias but the GRU's ``b_hn`` folds into the input
     projection (``b_hn`` sits inside ``r * (W_hn h + b_hn)``, so the kernel adds it)."""
-    if lw.bias_ih is None:
-        return F.linear(x, lw.weight_ih), None
-    hid = cfg.hidden_size
-    if cfg.mode == "lstm":
-        return F.linear(x, lw.weight_ih, lw.bias_ih + lw.bias_hh), None
-    bias = lw.bias_ih + F.pad(lw.bias_hh[: 2 * hid], (0, hid))
-    return F.linear(x, lw.weight_ih, bias), lw.bias_hh[2 * hid :]
+    if b_ih is None:
+        return F.linear(x, w_ih), None
+    if lstm:
+        return F.linear(x, w_ih, b_ih + b_hh), None
+    hid = w_ih.shape[0] // 3
+    return F.linear(x, w_ih, b_ih + F.pad(b_hh[: 2 * hid], (0, hid))), b_hh[2 * hid :]
+
+
+class _TritonLayerRecompute(torch.autograd.Function):
+    """One layer from its input ``x`` (``recompute="full"``): saves only the input, the stored
+    states and the weights; backward recomputes the input projection and replays the forward
+    kernel. What stays allocated between forward and backward is ``x`` (``F`` wide, and
+    usually held by the caller anyway) instead of the ``4H``-wide projection and gate
+    activations of every step."""
+
+    @staticmethod
+    def forward(ctx, x, w_ih, b_ih, b_hh, sh, sc, reset, w_hh, opts: _Options):
+        xp, b_hn = _project(x, w_ih, b_ih, b_hh, opts.lstm)
+        hs, cs, _, _, _ = _run_forward(
+            xp.contiguous(), sh, sc, reset, w_hh, b_hn, opts, store_act=False
+        )
+        ctx.opts = opts
+        ctx.save_for_backward(x, w_ih, b_ih, b_hh, sh, sc, reset, w_hh)
+        return (hs, cs) if opts.lstm else hs
+
+    @staticmethod
+    def backward(ctx, d_hs, d_cs=None):
+        opts: _Options = ctx.opts
+        x, w_ih, b_ih, b_hh, sh, sc, reset, w_hh = ctx.saved_tensors
+        xp, b_hn = _project(x, w_ih, b_ih, b_hh, opts.lstm)
+        _, cs, h_in, c_in, act = _run_forward(
+            xp.contiguous(), sh, sc, reset, w_hh, b_hn, opts, store_act=True
+        )
+        del xp
+        d_g, d_h_in, d_c_in, d_w_hh = _backward_kernel(
+            opts, d_hs, d_cs, reset, w_hh, act, h_in, c_in, cs
+        )
+        del act
+        d_sh, d_sc = _state_grads(reset, d_h_in, d_c_in)
+        d_xp, d_b_hn = _split_gate_grads(opts, d_g, b_hn is not None)
+        # what autograd of F.linear computes, written out
+        gh = d_xp.shape[-1]
+        need = ctx.needs_input_grad
+        d_x = d_xp.matmul(w_ih) if need[0] else None
+        d_w_ih = d_xp.reshape(-1, gh).t().mm(x.reshape(-1, x.shape[-1])) if need[1] else None
+        d_b_ih = d_b_hh = None
+        if b_ih is not None:
+            d_b_ih = d_xp.reshape(-1, gh).sum(0)
+            hid = gh // 3
+            d_b_hh = d_b_ih if opts.lstm else torch.cat([d_b_ih[: 2 * hid], d_b_hn])
+        return d_x, d_w_ih, d_b_ih, d_b_hh, d_sh, d_sc, None, d_w_hh, None
+
+
+@torch.compiler.disable
+def _apply_layer(lw, x: Tensor, sh: Tensor, sc: Tensor | None, reset: Tensor, opts: _Options):
+    """One layer through the kernels. Kept out of ``torch.compile``'s graphs (a graph break):
+    the kernels are launched eagerly and autograd runs the layer's own backward, while the
+    modules around them are compiled."""
+    if opts.recompute:
+        return _TritonLayerRecompute.apply(
+            x, lw.weight_ih, lw.bias_ih, lw.bias_hh, sh, sc, reset, lw.weight_hh, opts
+        )
+    xp, b_hn = _project(x, lw.weight_ih, lw.bias_ih, lw.bias_hh, opts.lstm)
+    return _TritonLayer.apply(xp.contiguous(), sh, sc, reset, lw.weight_hh, b_hn, opts)
 
 
 def triton_unroll(
@@ -270,9 +443,8 @@ def triton_unroll(
     reset = segment_starts(is_init).t().contiguous().to(torch.int8)  # [T, N], t = 0 restarts
 
     def layer_fn(lw, layer_in: Tensor, stored: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-        xp, b_hn = _projection(cfg, lw, layer_in)
         sc = stored[1] if opts.lstm else None
-        out = _TritonLayer.apply(xp.contiguous(), stored[0], sc, reset, lw.weight_hh, b_hn, opts)
+        out = _apply_layer(lw, layer_in, stored[0], sc, reset, opts)
         return out if opts.lstm else (out,)
 
     return drive_layers(cfg, flat_weights, x, states, layer_fn, training=training)

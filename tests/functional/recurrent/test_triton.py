@@ -228,3 +228,79 @@ def test_module_options_reach_the_kernel():
         a, b = f32(td.clone())["y"], bf16(td.clone())["y"]
     assert not torch.equal(a, b)
     assert (a - b).norm() <= 2e-2 * a.norm()
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_recompute_keeps_less_between_forward_and_backward(mode):
+    """``recompute="full"`` keeps none of the ``G*H``/``4H``-wide per-step tensors (the input
+    projection, the gate activations) alive for backward: only the layer input, the stored
+    states and the weights."""
+    problem = make_problem(mode, n=18, steps=6, input_size=5, hidden=40, num_layers=1)
+
+    def saved(recompute):
+        seen = {}
+
+        def pack(t):
+            seen[t.untyped_storage().data_ptr()] = t
+            return t
+
+        leaves = problem.leaves()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            recurrent_unroll(problem.cfg, problem.weights, leaves[0], tuple(leaves[1:]),
+                             problem.is_init, backend="triton", recompute=recompute)  # fmt: skip
+        return list(seen.values())
+
+    none, full = saved("none"), saved("full")
+    wide = [t for t in full if t.dim() == 3 and t.shape[-1] >= 3 * 40]
+    assert not wide, [t.shape for t in wide]
+    assert sum(t.numel() for t in full) < sum(t.numel() for t in none)
+
+
+def test_launch_configuration_is_validated_and_scoped():
+    from recurrl.functional.recurrent import triton as backend
+
+    with pytest.raises(ValueError, match="power of two >= 16"):
+        backend.TritonLaunch(block_rows=8)
+    with pytest.raises(ValueError, match="num_warps"):
+        backend.TritonLaunch(num_warps=3)
+    with backend.triton_launch(block_cols=32) as launch:
+        assert backend._launch is launch and launch.block_cols == 32
+    assert backend._launch == backend.TritonLaunch()
+    problem = make_problem("gru", n=3, steps=4, input_size=5, hidden=40, num_layers=1)
+    with backend.triton_launch(block_cols=16, block_k=16):  # 3 column tiles, 3 reduction tiles
+        got = _run(problem, "triton")
+    _assert_all_close(got, _reference(problem), atol=1e-5, rtol=1e-4)
+
+
+def test_a_launch_out_of_shared_memory_is_retried_with_small_tiles():
+    from recurrl.functional.recurrent import triton as backend
+
+    class OutOfResources(Exception):  # what triton raises, matched by name like triton's own
+        pass
+
+    calls = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            def launch(*args, **shape):
+                calls.append(shape)
+                if shape["BJ"] > 64:
+                    raise OutOfResources("out of resource: shared memory, Required: 262144")
+
+            return launch
+
+    backend._launch_kernel(Kernel(), (1,), 1, 2, BJ=256, BK=32, num_warps=8, num_stages=3)
+    assert calls[-1] == {"BJ": 64, "BK": 32, "num_warps": 4, "num_stages": 3}
+    calls.clear()
+    backend._launch_kernel(Kernel(), (1,), BJ=32, BK=32, num_warps=8, num_stages=3)  # fits
+    assert len(calls) == 1
+
+    class Broken(Kernel):
+        def __getitem__(self, grid):
+            def launch(*args, **shape):
+                raise OutOfResources("out of resource: registers")
+
+            return launch
+
+    with pytest.raises(OutOfResources, match="registers"):  # other shortages are not retried
+        backend._launch_kernel(Broken(), (1,), BJ=256, BK=32, num_warps=8, num_stages=3)
