@@ -19,6 +19,8 @@ declares the kinds it runs and refuses the others by name.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -41,13 +43,16 @@ from recurrl.functional.recurrent.scan import scan_unroll
 from recurrl.functional.recurrent.step import recurrent_step
 from recurrl.functional.recurrent.triton import (
     TRITON_CELLS,
+    TritonLaunch,
     triton_config_error,
+    triton_launch,
     triton_unavailable_reason,
     triton_unroll,
 )
 from recurrl.functional.sequences import trajectory_ends
 
 __all__ = [
+    "AUTO_TRITON_MIN_ROWS",
     "CELL_KINDS",
     "RECURRENT_BACKENDS",
     "RECURRENT_BACKEND_REGISTRY",
@@ -59,6 +64,8 @@ __all__ = [
     "RecurrentBackend",
     "RecurrentOptions",
     "Runner",
+    "TritonLaunch",
+    "auto_picks_triton",
     "check_recurrent_options",
     "fused_runner",
     "get_cell_kind",
@@ -67,6 +74,7 @@ __all__ = [
     "register_cell_kind",
     "register_recurrent_backend",
     "resolve_backend",
+    "triton_launch",
     "triton_unavailable_reason",
 ]
 
@@ -244,7 +252,15 @@ def check_recurrent_options(
         entry.check(options, python_based=python_based, device=device, proj_size=proj_size)
 
 
-def resolve_backend(backend: str, x: Tensor, *, python_based: bool, mode: str = "lstm") -> str:
+def resolve_backend(
+    backend: str,
+    x: Tensor,
+    *,
+    python_based: bool,
+    mode: str = "lstm",
+    is_init: Tensor | None = None,
+    proj_size: int = 0,
+) -> str:
     """The concrete backend ``"auto"`` stands for on this input (others map to themselves).
 
     ``auto`` picks ``scan`` under ``torch.compile``/``vmap`` and for python-based modules
@@ -253,10 +269,11 @@ def resolve_backend(backend: str, x: Tensor, *, python_based: bool, mode: str = 
     CPU, where torch's GRU kernel pays a large fixed cost per time step that the fused scan
     loop avoids. A linear-recurrent cell gets ``assoc`` (its parallel scan; ``scan`` under
     ``torch.compile``/``vmap``), any other cell without a fused sequence operator ``scan``.
-    The figures
-    behind these choices are in ``benchmarks/README.md``.
-    ``auto`` never picks ``triton``: its kernel has not been timed against cuDNN yet
-    (``benchmarks/triton_gpu.py``), so it is used only when asked for by name.
+    On CUDA, given ``is_init``, ``auto`` picks ``triton`` where it was measured to beat
+    ``pad`` (see :func:`auto_picks_triton`): an LSTM/GRU without projection, float32, at
+    least 64 rows, with a restart inside some row (without one, ``pad`` is a single cuDNN
+    call), and the ``triton`` package installed. The figures behind these choices are in
+    ``benchmarks/README.md``.
 
     Examples:
         >>> import torch
@@ -278,9 +295,49 @@ def resolve_backend(backend: str, x: Tensor, *, python_based: bool, mode: str = 
         return "scan"
     if not kind.has_fused_sequence:
         return "scan"
+    if (
+        x.device.type == "cuda"
+        and is_init is not None
+        and auto_picks_triton(mode, x, is_init, proj_size=proj_size)
+    ):
+        return "triton"
     if x.device.type == "cuda" or kind.auto_pad_on_cpu:
         return "pad"
     return "scan"
+
+
+#: The fewest rows (``N``) for which ``auto`` picks ``triton`` on CUDA: one program runs 16
+#: rows, and with fewer than 4 programs the kernel no longer beats ``pad`` (measured on an
+#: H200, ``benchmarks/README.md``).
+AUTO_TRITON_MIN_ROWS = 64
+
+
+def auto_picks_triton(mode: str, x: Tensor, is_init: Tensor, *, proj_size: int = 0) -> bool:
+    """Whether ``auto`` runs this batch with ``triton`` (on a CUDA device).
+
+    True for an LSTM/GRU without projection on float32 inputs of at least
+    :data:`AUTO_TRITON_MIN_ROWS` rows with a restart inside some row, when the ``triton``
+    package is installed. Looking for a restart reads one flag back from the device (``pad``
+    reads the restarts anyway).
+
+    Examples:
+        >>> import torch
+        >>> x, is_init = torch.zeros(128, 8, 3), torch.zeros(128, 8, dtype=torch.bool)
+        >>> auto_picks_triton("lstm", x, is_init)  # no restart inside a row: cuDNN in one call
+        False
+    """
+    if mode not in TRITON_CELLS or proj_size or x.dtype != torch.float32:
+        return False
+    if x.dim() < 3 or x.shape[0] < AUTO_TRITON_MIN_ROWS or is_init.shape[-1] < 2:
+        return False
+    if _triton_missing():
+        return False
+    return bool(is_init[:, 1:].any())
+
+
+@functools.cache
+def _triton_missing() -> bool:
+    return importlib.util.find_spec("triton") is None
 
 
 def recurrent_unroll(
@@ -349,7 +406,10 @@ def recurrent_unroll(
             f"recurrent_unroll: pass the settings either as options=RecurrentOptions(...) or "
             f"as keywords, not both (received options= and {sorted(given)})."
         )
-    name = resolve_backend(options.backend, x, python_based=python_based, mode=cfg.mode)
+    name = resolve_backend(
+        options.backend, x, python_based=python_based, mode=cfg.mode, is_init=is_init,
+        proj_size=cfg.proj_size,
+    )  # fmt: skip
     entry = RECURRENT_BACKEND_REGISTRY[name]
     reason = _refusal(entry, cfg.kind, python_based)
     if reason is not None:

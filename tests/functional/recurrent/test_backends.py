@@ -422,3 +422,61 @@ def test_a_registered_backend_runs_in_modules_and_matches_the_others(mode):
             module.recurrent_recompute = "full"
     finally:
         RECURRENT_BACKEND_REGISTRY.pop("test_doc")
+
+
+def test_auto_picks_triton_only_where_it_was_measured_to_win(monkeypatch):
+    """The rule itself (CPU tensors stand in for CUDA ones: the device is checked by
+    ``resolve_backend``, tested on a GPU in ``test_triton_gpu.py``)."""
+    import recurrl.functional.recurrent as rec
+
+    rows = rec.AUTO_TRITON_MIN_ROWS
+    x = torch.zeros(rows, 8, 3)
+    restart = torch.zeros(rows, 8, dtype=torch.bool)
+    restart[5, 4] = True
+    assert rec.auto_picks_triton("lstm", x, restart)
+    assert rec.auto_picks_triton("gru", x, restart)
+    assert not rec.auto_picks_triton("lstm", x, torch.zeros_like(restart))  # one cuDNN call
+    only_first = torch.zeros_like(restart)
+    only_first[:, 0] = True  # step 0 always starts from the stored state: no restart inside
+    assert not rec.auto_picks_triton("lstm", x, only_first)
+    assert not rec.auto_picks_triton("lstm", x[: rows - 1], restart[: rows - 1])  # too few rows
+    assert not rec.auto_picks_triton("lstm", x, restart, proj_size=2)  # no projection kernel
+    assert not rec.auto_picks_triton("lstm", x.double(), restart)  # float32 kernels only
+    assert not rec.auto_picks_triton("mingru", x, restart)  # cells the kernels do not run
+    monkeypatch.setattr(rec, "_triton_missing", lambda: True)
+    assert not rec.auto_picks_triton("lstm", x, restart)  # the optional package is missing
+    # on CPU auto never picks triton, whatever the batch
+    assert resolve_backend("auto", x, python_based=False, mode="lstm", is_init=restart) == "pad"
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_states_reach_the_fused_operators_contiguous(monkeypatch, mode):
+    """cuDNN refuses a non-contiguous initial state ("rnn: hx is not contiguous"), which
+    CPU kernels accept silently: every state ``pad`` hands to ``torch.lstm``/``torch.gru``
+    must already be contiguous."""
+    seen = []
+    for name in ("lstm", "gru"):
+        original = getattr(torch, name)
+
+        def checked(*args, original=original):
+            hx = args[1] if isinstance(args[1], (tuple, list)) else (args[1],)
+            seen.append(all(h.is_contiguous() for h in hx))
+            return original(*args)
+
+        monkeypatch.setattr(torch, name, checked)
+    # the paths CUDA takes (no oneDNN layer operator), with the flush layout (zeros stored at
+    # the restarts, no gradient to them) forced, and without it (states that need a gradient)
+    import recurrl.functional.recurrent.pad as pad
+    from recurrl.functional.recurrent.pad import onednn_cells
+
+    monkeypatch.setattr(onednn_cells, "_direct_op_available", lambda x, training: False)
+    monkeypatch.setattr(pad, "flush_cost", lambda cfg, starts: float("-inf"))
+    problem = make_problem(mode, n=6, steps=9, input_size=3, hidden=5, num_layers=2)
+    zeroed = tuple(s.masked_fill(problem.is_init[..., None, None], 0.0) for s in problem.states)
+    for training in (False, True):
+        for states in (zeroed, tuple(s.clone().requires_grad_(True) for s in problem.states)):
+            recurrent_unroll(
+                problem.cfg, problem.weights, problem.x, states, problem.is_init,
+                backend="pad", training=training,
+            )  # fmt: skip
+    assert seen and all(seen)
