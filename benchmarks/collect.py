@@ -6,7 +6,11 @@ envs) driven by the same ``nn.LSTMCell`` + head on bare tensors, with the hidden
 zeroed by hand at episode ends and the steps written into preallocated tensors. Both run
 side by side in one process (interleaved rounds, median), on CPU, under ``no_grad``.
 
-Run: ``python benchmarks/collect.py [--quick] [--threads N] [--envs 1 8]``
+With ``--device cuda`` the collector runs the policy on the GPU (``Collector(device=...)``)
+while the envs stay on CPU: every step moves the observation there and the action back. The
+plain loop stays on CPU, as the ceiling to compare with.
+
+Run: ``python benchmarks/collect.py [--quick] [--threads N] [--envs 1 8] [--device cuda]``
 """
 
 from __future__ import annotations
@@ -137,13 +141,19 @@ def main() -> None:
         "--breakdown", action="store_true", help="time env.step / env.reset / policy inside"
     )
     parser.add_argument("--python-based", action="store_true", help="python-native LSTM")
+    parser.add_argument(
+        "--device", default=None, help="device of the collector's policy (envs stay on CPU)"
+    )
     args = parser.parse_args()
+    if args.device and args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is visible to torch")
     torch.set_num_threads(args.threads)
     frames = 256 if args.quick else 1024
     rounds, warmup = (3, 1) if args.quick else (7, 2)
     print(
         f"torch {torch.__version__}, gymnasium {gymnasium.__version__}, threads="
-        f"{torch.get_num_threads()}, frames/call={frames}, CartPole-v1, LSTM H={H}"
+        f"{torch.get_num_threads()}, frames/call={frames}, CartPole-v1, LSTM H={H}, "
+        f"policy on {args.device or 'cpu'}"
     )
     policy, lstm, head = make_policy(args.python_based)
     for n_envs in args.envs:
@@ -152,7 +162,7 @@ def main() -> None:
         else:
             env = GymEnv("CartPole-v1")
         env.set_seed(0)
-        collector = Collector(env, policy, frames_per_batch=frames)
+        collector = Collector(env, policy, frames_per_batch=frames, device=args.device)
         plain, plain_env = plain_loop(n_envs, frames // n_envs, lstm, head)
         times = compare(
             {"collector": collector.rollout, "plain": plain},

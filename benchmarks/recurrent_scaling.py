@@ -21,7 +21,13 @@ counted once), i.e. the activations a training step keeps alive between forward 
 backward, not the process's peak (tracemalloc does not see torch's allocator, and the RSS
 of a process that has run larger cases does not go down).
 
-Run: ``python benchmarks/recurrent_scaling.py [--quick] [--threads N] [--steps T ...]``
+With ``--device cuda`` every candidate runs on the GPU (timed with a synchronize after each
+call), ``lstm/triton`` and ``gru/triton`` (the fused kernels, TF32) are added, and the memory
+row also gives the peak allocated during one forward+backward above what was allocated
+before it (``torch.cuda.max_memory_allocated``).
+
+Run: ``python benchmarks/recurrent_scaling.py [--quick] [--threads N] [--steps T ...]
+[--device cuda]``
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ CANDIDATES = {
     "gru/pad": ("gru", "pad"),
     "gru/scan": ("gru", "scan"),
 }
+CUDA_CANDIDATES = {"lstm/triton": ("lstm", "triton"), "gru/triton": ("gru", "triton")}
 NETWORKS = {"mingru": MinGRU, "lstm": torch.nn.LSTM, "gru": torch.nn.GRU}
 
 
@@ -59,18 +66,24 @@ def make_batch(steps: int, mean_episode: int = 64, seed: int = 0):
     return x, state, is_init
 
 
-def make_step(kind: str, backend: str, steps: int):
+def make_step(kind: str, backend: str, steps: int, device: str = "cpu"):
     torch.manual_seed(0)
-    net = NETWORKS[kind](F, H, batch_first=True)
+    net = NETWORKS[kind](F, H, batch_first=True).to(device)
     cfg = RNNConfig(kind, F, H)
-    x, state, is_init = make_batch(steps)
+    x, state, is_init = (t.to(device) for t in make_batch(steps))
     states = (state, state.clone()) if kind == "lstm" else (state,)
     weights = list(net._flat_weights)
+    cuda = x.device.type == "cuda"
+    extra = {"matmul_precision": "tf32"} if backend == "triton" else {}
 
     def step():
         xs = x.clone().requires_grad_(True)
-        y, _ = recurrent_unroll(cfg, weights, xs, states, is_init, backend=backend, training=True)
+        y, _ = recurrent_unroll(
+            cfg, weights, xs, states, is_init, backend=backend, training=True, **extra
+        )
         y.sum().backward()
+        if cuda:
+            torch.cuda.synchronize()
 
     def saved_bytes() -> int:
         seen: dict[int, int] = {}
@@ -82,21 +95,38 @@ def make_step(kind: str, backend: str, steps: int):
 
         xs = x.clone().requires_grad_(True)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            y, _ = recurrent_unroll(cfg, weights, xs, states, is_init, backend=backend)
+            y, _ = recurrent_unroll(cfg, weights, xs, states, is_init, backend=backend, **extra)
         del y
         return sum(seen.values())
 
     return step, saved_bytes
 
 
-def run(steps_list: list[int], rounds: int, inner: int, warmup: int, clock) -> None:
-    names = list(CANDIDATES)
+def peak_bytes(step) -> int:
+    """Peak CUDA memory of one call above what was allocated before it."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def run(
+    steps_list: list[int], rounds: int, inner: int, warmup: int, clock, device: str = "cpu"
+) -> None:
+    candidates = dict(CANDIDATES)
+    if device.startswith("cuda"):
+        candidates.update(CUDA_CANDIDATES)
+    names = list(candidates)
     print(f"{'T':>5}  " + "  ".join(f"{n:>13}" for n in names) + "   lstm/pad / mingru/assoc")
     for steps in steps_list:
-        fns, mem = {}, {}
-        for name, (kind, backend) in CANDIDATES.items():
-            fns[name], saved = make_step(kind, backend, steps)
+        fns, mem, peak = {}, {}, {}
+        for name, (kind, backend) in candidates.items():
+            fns[name], saved = make_step(kind, backend, steps, device)
             mem[name] = saved()
+            if device.startswith("cuda"):
+                fns[name]()  # compiles the kernels before the peak is measured
+                peak[name] = peak_bytes(fns[name])
         times = compare(fns, rounds=rounds, inner=inner, warmup=warmup, clock=clock)
         cells = "  ".join(f"{times[n] * 1e3:8.1f} ms   " for n in names)
         ratio = times["lstm/pad"] / times["mingru/assoc"]
@@ -106,6 +136,12 @@ def run(steps_list: list[int], rounds: int, inner: int, warmup: int, clock) -> N
             + "   (saved for backward)",
             flush=True,
         )  # fmt: skip
+        if peak:
+            print(
+                f"{'':>5}  " + "  ".join(f"{peak[n] / 2**20:8.1f} MiB  " for n in names)
+                + "   (peak of forward+backward)",
+                flush=True,
+            )  # fmt: skip
 
 
 def main() -> None:
@@ -119,15 +155,23 @@ def main() -> None:
         help="time the CPU time of the calling thread (with --threads 1: steadier on a "
         "shared machine)",
     )
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     args = parser.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is visible to torch")
+    if args.device.startswith("cuda") and args.cpu_time:
+        parser.error("--cpu-time does not count GPU time: leave it out with --device cuda")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.cpu_time and torch.get_num_threads() != 1:
         parser.error("--cpu-time counts the calling thread only: use it with --threads 1")
     rounds, inner, warmup = (3, 1, 1) if args.quick else (7, 1, 2)
-    print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, B={B} F={F} H={H}")
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    print(
+        f"torch {torch.__version__}, {where}, threads={torch.get_num_threads()}, B={B} F={F} H={H}"
+    )
     clock = time.thread_time if args.cpu_time else time.perf_counter
-    run(args.steps, rounds, inner, warmup, clock)
+    run(args.steps, rounds, inner, warmup, clock, args.device)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,22 @@ and GRU, one layer, F=64 input features. Candidates, all through
 
 Each row gives the median time of forward+backward (interleaved rounds), the peak memory
 above the inputs (``torch.cuda.max_memory_allocated``) and the largest deviation of the
-outputs and gradients from ``pad`` run without TF32 (relative to their largest magnitude).
+outputs and gradients from ``pad`` run without TF32 (relative to their largest magnitude;
+``scan`` if ``pad`` fails). A candidate that fails is reported as such; the others still run.
 
-Run: ``python benchmarks/triton_gpu.py [--rounds N]``
+After the table, the memory that ``recompute="full"`` saves (``triton/full`` against
+``triton/tf32x3``, the same precision) and each backend's ratio to cuDNN.
+
+``--tune`` times forward+backward (TF32) of the same shapes under launch configurations
+(:class:`~recurrl.functional.recurrent.triton.TritonLaunch`: rows per program, hidden units
+per tile, reduction tile, warps, pipelining stages) and prints the fastest per shape.
+``benchmarks/triton_gpu_reference.py`` times the reference library's triton kernels on the
+same shapes (in its own process: it needs that library and its tensordict).
+
+``--resets`` times ``pad`` against ``triton`` (IEEE and TF32) for B in {16, ..., 512} rows,
+T=128, H=256 and restart rates from 0.2% to 10%: the measurements behind ``auto``'s choice.
+
+Run: ``python benchmarks/triton_gpu.py [--rounds N] [--tune | --resets]``
 """
 
 from __future__ import annotations
@@ -27,13 +40,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _gpu import F_IN, RESET_P, SHAPES, Rows, drop_failing, peak_memory, synced
 from _timing import compare
 
 from recurrl.functional.recurrent import RNNConfig, recurrent_unroll, triton_unavailable_reason
+from recurrl.functional.recurrent.triton import TritonLaunch, triton_launch
 
-F_IN = 64
-SHAPES = [(128, 128, 256), (16, 64, 512)]  # (B, T, H)
-RESET_P = 0.03
 TRITON_VARIANTS = {
     "triton/ieee": {"matmul_precision": "ieee"},
     "triton/tf32": {"matmul_precision": "tf32"},
@@ -41,10 +53,31 @@ TRITON_VARIANTS = {
     "triton/bf16": {"compute_dtype": torch.bfloat16},
     "triton/full": {"matmul_precision": "tf32x3", "recompute": "full"},
 }
+# launch configurations tried by --tune (the first is the default)
+TUNE = [
+    TritonLaunch(),
+    TritonLaunch(block_cols=64, num_warps=4),  # the first default, before tuning
+    TritonLaunch(block_cols=256, num_warps=8),
+    TritonLaunch(block_cols=128, num_warps=16),
+    TritonLaunch(block_cols=256, num_warps=16),
+    TritonLaunch(num_stages=4),
+    TritonLaunch(num_stages=2),
+    TritonLaunch(block_k=64, num_stages=2),
+    TritonLaunch(block_k=16, num_stages=4),
+]
 
 
-def make_step(mode: str, batch: int, steps: int, hidden: int, backend: str, **kwargs):
-    """A closure running forward+backward once; returns the outputs and gradients."""
+def make_step(
+    mode: str,
+    batch: int,
+    steps: int,
+    hidden: int,
+    backend: str,
+    reset_p: float = RESET_P,
+    **kwargs,
+):
+    """A closure running forward+backward once; returns the outputs and gradients. Its
+    ``forward`` attribute runs the forward alone and returns the loss (graph alive)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     torch.manual_seed(0)
     rnn_cls = torch.nn.LSTM if mode == "lstm" else torch.nn.GRU
@@ -55,36 +88,46 @@ def make_step(mode: str, batch: int, steps: int, hidden: int, backend: str, **kw
         (0.1 * torch.randn(batch, steps, 1, s, device="cuda", generator=gen)).requires_grad_(True)
         for s in cfg.state_sizes
     )
-    is_init = torch.rand(batch, steps, device="cuda", generator=gen) < RESET_P
+    is_init = torch.rand(batch, steps, device="cuda", generator=gen) < reset_p
     weights = list(rnn._flat_weights)
     leaves = [x, *states, *weights]
 
     if backend == "cudnn":
 
-        def run() -> list[torch.Tensor]:
+        def forward() -> tuple[torch.Tensor, torch.Tensor]:
             y, _ = rnn(x)
-            return [y, *torch.autograd.grad(y.sum(), [x, *weights])]
+            return y, y.sum()
 
-        return run
+        def run() -> list[torch.Tensor]:
+            y, loss = forward()
+            return [y, *torch.autograd.grad(loss, [x, *weights])]
 
-    def run() -> list[torch.Tensor]:
-        y, next_states = recurrent_unroll(
-            cfg, weights, x, states, is_init, backend=backend, training=True, **kwargs
-        )
-        loss = y.sum() + sum(s.sum() for s in next_states)
-        return [y, *torch.autograd.grad(loss, leaves)]
+    else:
 
+        def forward() -> tuple[torch.Tensor, torch.Tensor]:
+            y, next_states = recurrent_unroll(
+                cfg, weights, x, states, is_init, backend=backend, training=True, **kwargs
+            )
+            return y, y.sum() + sum(s.sum() for s in next_states)
+
+        def run() -> list[torch.Tensor]:
+            y, loss = forward()
+            return [y, *torch.autograd.grad(loss, leaves)]
+
+    run.forward = forward
     return run
 
 
-def peak_memory(fn: Callable[[], object]) -> float:
-    """MiB allocated at the peak of one call, above what was allocated before it."""
+def held_memory(fn) -> float:
+    """MiB that stay allocated between forward and backward: the outputs and what autograd
+    saved (what a deep model keeps for every layer until its backward runs)."""
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
+    out = fn.forward()
     torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**20
+    held = torch.cuda.memory_allocated() - base
+    del out
+    return held / 2**20
 
 
 def deviation(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
@@ -105,17 +148,13 @@ def ieee_reference(fn: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
         torch.backends.cuda.matmul.allow_tf32 = matmul
 
 
-def synced(fn: Callable[[], object]) -> Callable[[], None]:
-    def call() -> None:
-        fn()
-        torch.cuda.synchronize()
-
-    return call
-
-
 def run(rounds: int) -> list[str]:
-    header = ("mode", "B", "T", "H", "backend", "ms", "MiB", "dev")
-    rows = ["{:5} {:>4} {:>4} {:>4}  {:14} {:>8} {:>8} {:>9}".format(*header)]
+    header = ("mode", "B", "T", "H", "backend", "ms", "peak MiB", "held MiB", "dev", "/cudnn",
+              "peak/cudnn")  # fmt: skip
+    rows = Rows()
+    rows.append(
+        "{:5} {:>4} {:>4} {:>4}  {:14} {:>8} {:>8} {:>8} {:>9} {:>7} {:>10}".format(*header)
+    )
     for mode in ("lstm", "gru"):
         for batch, steps, hidden in SHAPES:
             fns = {
@@ -124,28 +163,111 @@ def run(rounds: int) -> list[str]:
             }
             for name, kwargs in TRITON_VARIANTS.items():
                 fns[name] = make_step(mode, batch, steps, hidden, "triton", **kwargs)
-            reference = ieee_reference(fns["pad"])
+            drop_failing(fns, rows, f"{mode:5} {batch:4d} {steps:4d} {hidden:4d}")
+            ref_name = "pad" if "pad" in fns else "scan"
+            reference = ieee_reference(fns[ref_name])
             times = compare({name: synced(fn) for name, fn in fns.items()}, rounds=rounds)
+            mem = {name: peak_memory(fn) for name, fn in fns.items()}
+            held = {name: held_memory(fn) for name, fn in fns.items()}
             for name, fn in fns.items():
                 dev = "-" if name == "cudnn" else f"{deviation(fn(), reference):.2e}"
                 rows.append(
                     f"{mode:5} {batch:4d} {steps:4d} {hidden:4d}  {name:14} "
-                    f"{times[name] * 1e3:8.2f} {peak_memory(fn):8.1f} {dev:>9}"
+                    f"{times[name] * 1e3:8.2f} {mem[name]:8.1f} {held[name]:8.1f} {dev:>9} "
+                    f"{times[name] / times['cudnn']:7.2f} {mem[name] / mem['cudnn']:10.2f}"
                 )
+            if "triton/full" not in mem or "triton/tf32x3" not in mem:
+                continue
+            saved = held["triton/tf32x3"] - held["triton/full"]
+            slower = times["triton/full"] / times["triton/tf32x3"]
+            rows.append(
+                f"  recompute='full' keeps {saved:.1f} MiB less between forward and backward "
+                f"({held['triton/full']:.1f} instead of {held['triton/tf32x3']:.1f}); peak of "
+                f"one layer's forward+backward {mem['triton/full']:.1f} vs "
+                f"{mem['triton/tf32x3']:.1f} MiB; {slower:.2f}x the time"
+            )
+    return rows
+
+
+def resets(rounds: int) -> list[str]:
+    """``pad`` against ``triton`` (IEEE, what ``auto`` precision gives by default, and TF32)
+    over batch sizes and restart rates: where ``auto`` should pick ``triton``."""
+    rows = Rows()
+    rows.append("mode     B  resets    pad ms  triton/ieee  triton/tf32   best")
+    for mode in ("lstm", "gru"):
+        for batch in (16, 32, 64, 128, 512):
+            for p in (0.002, 0.01, 0.03, 0.1):
+                fns = {
+                    "pad": make_step(mode, batch, 128, 256, "pad", reset_p=p),
+                    "triton/ieee": make_step(mode, batch, 128, 256, "triton", reset_p=p,
+                                             matmul_precision="ieee"),
+                    "triton/tf32": make_step(mode, batch, 128, 256, "triton", reset_p=p,
+                                             matmul_precision="tf32"),
+                }  # fmt: skip
+                t = compare({k: synced(f) for k, f in fns.items()}, rounds=rounds, warmup=1)
+                best = min(t, key=t.get)
+                rows.append(
+                    f"{mode:5} {batch:4d} {p:7.3f} {t['pad'] * 1e3:9.2f} "
+                    f"{t['triton/ieee'] * 1e3:12.2f} {t['triton/tf32'] * 1e3:12.2f}   {best}"
+                )
+    return rows
+
+
+def _launch_name(launch: TritonLaunch) -> str:
+    k = launch.block_k or "dt"
+    cols = launch.block_cols or "dt"
+    return f"rows{launch.block_rows} cols{cols} k{k} w{launch.num_warps} s{launch.num_stages}"
+
+
+def tune(rounds: int) -> list[str]:
+    """Forward+backward (TF32) under each launch configuration of ``TUNE``."""
+    rows = Rows()
+    for mode in ("lstm", "gru"):
+        for batch, steps, hidden in SHAPES:
+            fns, failed = {}, []
+            for launch in TUNE:
+                step = make_step(mode, batch, steps, hidden, "triton", matmul_precision="tf32")
+
+                def call(step=step, launch=launch) -> None:
+                    with triton_launch(launch):
+                        step()
+                    torch.cuda.synchronize()
+
+                try:
+                    call()  # compiles; a configuration that needs too much shared memory fails
+                except Exception as err:
+                    failed.append(f"{_launch_name(launch)}: {type(err).__name__}")
+                    continue
+                fns[_launch_name(launch)] = call
+            times = compare(fns, rounds=rounds, inner=3, warmup=1)
+            best = min(times, key=times.get)
+            default = times.get(_launch_name(TUNE[0]), float("nan"))
+            rows.append(f"{mode} B={batch} T={steps} H={hidden}:")
+            for name, t in sorted(times.items(), key=lambda kv: kv[1]):
+                mark = " <- best" if name == best else ""
+                rows.append(f"    {name:28} {t * 1e3:8.2f} ms  {t / default:5.2f}x default{mark}")
+            rows.extend(f"    {line} (failed)" for line in failed)
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--tune", action="store_true", help="sweep launch configurations")
+    parser.add_argument(
+        "--resets", action="store_true", help="pad vs triton over batch sizes and restart rates"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/triton_gpu.py needs a CUDA device; none is visible to torch.")
     reason = triton_unavailable_reason("cuda")
     if reason is not None:
         sys.exit(reason)
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("\n".join(run(args.rounds)))
+    import triton
+
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    # rows are printed as they come
+    tune(args.rounds) if args.tune else resets(args.rounds) if args.resets else run(args.rounds)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Every GPU check and figure, in order of priority, each step under its own time limit so
+# that one slow or failing step leaves the others' results: the triton backend's device
+# tests, its timing/memory table, pad against triton over restart rates, the whole-pipeline
+# figures, the launch-configuration sweep and the reference library's kernels (when
+# REF_PYTHONPATH points at an install of torchrl and its tensordict). Results go to $OUT
+# (default ./gpu_out), one file per step.
+#
+# Run: bash benchmarks/gpu_checks.sh   (python3 with torch, triton and recurrl's dependencies)
+set -u
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+
+step() {  # step NAME SECONDS COMMAND...: run it, its output to $OUT/NAME.txt and stdout
+  local name=$1 limit=$2
+  shift 2
+  echo "=== $name (limit ${limit}s): $*"
+  local start=$SECONDS
+  timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt"
+  echo "=== $name: exit ${PIPESTATUS[0]} after $((SECONDS - start))s"
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+workers=$("$PY" -c "import xdist" 2>/dev/null && echo "-n 8")
+# shellcheck disable=SC2086  # $workers is empty or two words
+step tests 100 "$PY" -m pytest tests/functional/recurrent/test_triton_gpu.py -q \
+  -p no:cacheprovider $workers -rP
+step triton 60 "$PY" benchmarks/triton_gpu.py --rounds 5
+step resets 75 "$PY" benchmarks/triton_gpu.py --resets --rounds 3
+step train 50 "$PY" benchmarks/train_device.py --batches 4 --threads 1
+step collect 25 "$PY" benchmarks/collect.py --device cuda --envs 1 8 --quick
+step scaling 35 "$PY" benchmarks/recurrent_scaling.py --device cuda --quick \
+  --steps 64 256 1024 4096
+step tune 50 "$PY" benchmarks/triton_gpu.py --tune --rounds 3
+if [ -n "${REF_PYTHONPATH:-}" ]; then
+  # its first call autotunes every kernel over many configurations: two modes only
+  step reference 120 env PYTHONPATH="$REF_PYTHONPATH" "$PY" \
+    benchmarks/triton_gpu_reference.py --rounds 5 --variants ref/tf32 ref/ieee
+fi
