@@ -11,6 +11,7 @@ from recurrl.data.samplers import (
     Sampler,
     SliceSampler,
     SliceSamplerWithoutReplacement,
+    TapeSampler,
 )
 from recurrl.data.storages import LazyMemmapStorage, LazyTensorStorage, Storage
 from recurrl.data.writers import RoundRobinWriter, Writer
@@ -28,6 +29,7 @@ __all__ = [
     "SliceSampler",
     "SliceSamplerWithoutReplacement",
     "Storage",
+    "TapeSampler",
     "TensorDictReplayBuffer",
     "Writer",
 ]

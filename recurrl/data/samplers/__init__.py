@@ -5,6 +5,7 @@ from recurrl.data.samplers.prioritized_slice import PrioritizedSliceSampler
 from recurrl.data.samplers.random import RandomSampler
 from recurrl.data.samplers.slice import SliceSampler
 from recurrl.data.samplers.slice_without_replacement import SliceSamplerWithoutReplacement
+from recurrl.data.samplers.tape import TapeSampler
 
 __all__ = [
     "PrioritizedSliceSampler",
@@ -12,4 +13,5 @@ __all__ = [
     "Sampler",
     "SliceSampler",
     "SliceSamplerWithoutReplacement",
+    "TapeSampler",
 ]
