@@ -72,7 +72,9 @@ class DQNLoss(LossModule):
         gamma: discount. Default 0.99.
         burn_in: steps at the start of every sequence (from ``t = 0`` and from every
             ``is_init``, i.e. every replayed slice start) that only warm up the hidden state
-            from the stored one: they are masked out of the loss. Default 0.
+            from the stored one: they are masked out of the loss. Default 0, as tapes
+            (:class:`~recurrl.data.TapeSampler`) need: each of their sequences is a whole
+            episode from its exact initial state.
         n_steps: multi-step target ``sum_{i<m} gamma^i r_{t+i} + gamma^m Q'(s_{t+m})`` with
             ``m = n_steps``, or fewer where the sequence ends first (a ``done`` step, the
             step before an ``is_init``, the batch end: bootstrapped there unless terminated).
