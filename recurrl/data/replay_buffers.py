@@ -14,6 +14,7 @@ from recurrl.data._files import load_state_file
 from recurrl.data.samplers.base import Sampler
 from recurrl.data.samplers.random import RandomSampler
 from recurrl.data.samplers.slice import MASK_KEY, SliceSampler
+from recurrl.data.samplers.tape import TapeSampler
 from recurrl.data.storages.base import Storage
 from recurrl.data.writers import RoundRobinWriter, Writer
 
@@ -80,6 +81,8 @@ class ReplayBuffer:
         self.writer = writer if writer is not None else RoundRobinWriter()
         if batch_size is not None and isinstance(self.sampler, SliceSampler):
             self.sampler.slice_shape(batch_size)  # validate now, not at the first sample
+        if batch_size is not None and isinstance(self.sampler, TapeSampler):
+            self.sampler.tape_shape(batch_size)
         self.batch_size = batch_size
         self.collate_fn = collate_fn
         self._transforms: list[Callable[[TensorDictBase], TensorDictBase]] = []

@@ -255,7 +255,8 @@ class TapeSampler(Sampler):
         num = starts.size
 
         def flags(key, at):
-            return self._leaf(storage, key, "flags")[at].reshape(num, -1).bool().any(-1).numpy()
+            value = self._leaf(storage, key, "flags")[at].reshape(num, -1)
+            return value.bool().any(-1).cpu().numpy()
 
         steps = None
         if self.step_key is not None and storage.leaf(self.step_key) is not None:

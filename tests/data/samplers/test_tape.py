@@ -72,7 +72,7 @@ def test_tapes_hold_whole_episodes_over_wraparound(overflow, num_envs):
     sampler = TapeSampler(num_tapes=2, overflow=overflow, step_key="t",
                           generator=torch.Generator().manual_seed(0))  # fmt: skip
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(97), sampler=sampler, batch_size=40)
-    wrapped = cuts = 0
+    wrapped = cuts = joined = 0
     for _ in range(25):  # several times around the ring, episodes across batches
         rb.extend(collector.batch(rng.randint(1, 9)))
         complete = complete_episodes(rb.storage)
@@ -84,9 +84,21 @@ def test_tapes_hold_whole_episodes_over_wraparound(overflow, num_envs):
         assert not running & {int(ep["tid"][0]) for _, ep, _ in found}
         for _, ep, cut in found:
             cuts += cut
-            wrapped += bool((ep["index"].diff() < 0).any())
+            step = ep["index"].diff()
+            wrapped += bool((step < 0).any())
+            joined += bool((step > 1).any())  # rows of several [N, T] writes
     assert wrapped, "some episode should wrap around the end of the ring"
+    assert (joined > 0) == (num_envs is not None)
     assert (cuts > 0) == (overflow == "cut")
+
+
+def test_2d_storage():
+    collector = FakeCollector(4, 1, 12, seed=3)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(80, ndim=2), batch_size=30,
+                                sampler=TapeSampler(num_tapes=3))  # fmt: skip
+    for _ in range(8):
+        rb.extend(collector.batch(5))
+        check_batch(rb.sample(), 3, 10, complete_episodes(rb.storage), "cut")
 
 
 def test_end_flag_mode_without_ids():
@@ -187,6 +199,8 @@ def test_bad_arguments_and_data_raise_clear_errors():
         sampler.tape_shape(5)
     with pytest.raises(ValueError, match="positive multiple of num_tapes=2"):
         TapeSampler(num_tapes=2).tape_shape(5)
+    with pytest.raises(ValueError, match="batch_size = num_tapes"):
+        ReplayBuffer(storage=LazyTensorStorage(10), sampler=sampler, batch_size=5)
     rb = ReplayBuffer(storage=LazyTensorStorage(10), sampler=sampler, batch_size=4)
     with pytest.raises(RuntimeError, match="storage is empty"):
         rb.sample()
