@@ -176,7 +176,12 @@ class TapeSampler(Sampler):
 
     @property
     def traj_key(self) -> NestedKey | None:
-        """The trajectory id key in use (``None`` in end-flag mode or before any data)."""
+        """The trajectory id key in use (``None`` in end-flag mode or before any data).
+
+        Examples:
+            >>> TapeSampler().traj_key is None, TapeSampler().end_key  # before any data
+            (True, ('next', 'done'))
+        """
         return self._tracker.traj_key if self._tracker._mode == "traj" else None
 
     @property
@@ -187,7 +192,12 @@ class TapeSampler(Sampler):
         return self._end_key_arg if self._end_key_arg is not None else DONE_KEY
 
     def tape_shape(self, batch_size: int) -> tuple[int, int]:
-        """``(num_tapes, frames_per_tape)`` for ``batch_size``; ValueError if they disagree."""
+        """``(num_tapes, frames_per_tape)`` for ``batch_size``; ValueError if they disagree.
+
+        Examples:
+            >>> TapeSampler(num_tapes=2).tape_shape(200)
+            (2, 100)
+        """
         if self.frames_per_tape is not None:
             if batch_size != self.num_tapes * self.frames_per_tape:
                 raise ValueError(
@@ -223,13 +233,12 @@ class TapeSampler(Sampler):
             )
         return leaf
 
-    def complete_episodes(self, storage: Storage) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The complete stored episodes, oldest piece first.
+    def _complete_episodes(self, storage: Storage) -> tuple[np.ndarray, ...]:
+        """The complete stored episodes: ``(piece_start, piece_len, first, count, length)``.
 
-        Returns:
-            ``(first, count, length)``: ``[E]`` int64 numpy arrays; episode ``e`` is the
-            pieces ``first[e] : first[e] + count[e]`` of :attr:`pieces` (``(start, length)``
-            ``[P]`` arrays of ring runs, in time order) and holds ``length[e]`` steps.
+        ``piece_start`` / ``piece_len`` ``[P]``: ring runs (pieces), grouped by episode and in
+        time order inside one; episode ``e`` (``[E]`` arrays) is the pieces ``first[e] :
+        first[e] + count[e]`` and holds ``length[e]`` steps. Cached until the next write.
         """
         self._check_nonempty(storage, "TapeSampler")
         try:
@@ -239,14 +248,7 @@ class TapeSampler(Sampler):
         key = (segments.version, storage.write_count)
         if self._episodes is None or self._episodes[0] != key:
             self._episodes = (key, *self._build(storage, segments.starts, segments.lengths))
-        return self._episodes[3:]
-
-    @property
-    def pieces(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(start, length)`` ``[P]`` of the pieces :meth:`complete_episodes` indexes."""
-        if self._episodes is None:
-            raise RuntimeError("TapeSampler.pieces: call complete_episodes(storage) first.")
-        return self._episodes[1], self._episodes[2]
+        return self._episodes[1:]
 
     def _build(self, storage: Storage, starts: np.ndarray, lengths: np.ndarray):
         cap = storage.max_size
@@ -306,8 +308,7 @@ class TapeSampler(Sampler):
     # -- sampling ------------------------------------------------------------------------
     def sample(self, storage: Storage, batch_size: int) -> tuple[Tensor, dict]:
         num_tapes, frames = self.tape_shape(batch_size)
-        first, count, length = self.complete_episodes(storage)
-        piece_start, piece_len = self.pieces
+        piece_start, piece_len, first, count, length = self._complete_episodes(storage)
         drawable = np.flatnonzero(length <= frames) if self.overflow == "drop" else None
         pool = np.arange(length.size) if drawable is None else drawable
         if pool.size == 0:
