@@ -260,6 +260,9 @@ def test_dqn_loss_on_a_tape_equals_the_loss_per_episode(n_steps):
     torch.testing.assert_close(tape["td_error"][real], torch.cat(errors))
     assert (tape["td_error"][~real] == 0).all()
     torch.testing.assert_close(total, weighted / int(real.sum()))
+    rows = tape.view(2, -1).clone()  # [num_tapes, frames_per_tape]: the same steps
+    torch.testing.assert_close(loss(rows)["loss"], total)
+    torch.testing.assert_close(rows["td_error"].reshape(-1), tape["td_error"])
 
 
 def test_gae_and_ppo_on_a_tape_equal_them_per_episode():
