@@ -71,6 +71,9 @@ def linear_recurrence(
         a: ``[*B, T, H]`` coefficients (anything that broadcasts to ``b``'s shape, e.g. a
             per-feature ``[H]`` decay).
         b: ``[*B, T, H]`` inputs. Time is ``time_dim`` (default ``-2``); features are last.
+            Real or complex (complex ``a``/``b``/``stored``, e.g. the LRU's diagonal
+            complex recurrence, run with the same scans; gradients follow autograd's
+            complex convention).
         is_init: ``[*B, T]`` (or ``[*B, T, 1]``) bool restart flags; ``None``: none besides
             ``t = 0``.
         stored: ``[*B, T, H]`` the state stored at every step, read at ``t = 0`` and where
@@ -135,10 +138,10 @@ def _time_major(
     a: Tensor, b: Tensor, is_init: Tensor | None, stored: Tensor | None, time_dim: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Checked, broadcast and moved to ``[T, ..., H]``; ``reset`` ``[T, ..., 1]`` bool."""
-    if not isinstance(b, Tensor) or b.dim() < 2 or not b.is_floating_point():
+    if not isinstance(b, Tensor) or b.dim() < 2 or not (b.is_floating_point() or b.is_complex()):
         raise ValueError(
-            f"linear_recurrence: b must be a floating tensor [*B, T, H] with at least a time "
-            f"and a feature dim, got {_describe(b)}."
+            f"linear_recurrence: b must be a floating or complex tensor [*B, T, H] with at "
+            f"least a time and a feature dim, got {_describe(b)}."
         )
     dim = time_dim % b.dim() if -b.dim() <= time_dim < b.dim() else None
     if dim is None or dim == b.dim() - 1:
@@ -282,19 +285,21 @@ class _ChunkedRecurrence(torch.autograd.Function):
         a, h, stored, reset = ctx.saved_tensors
         # reversed in time: coefficient a_{t+1}, restart where t + 1 restarts (and at T - 1;
         # the kernel selects there, so a_{t+1} need not be zeroed)
-        a_next = torch.cat([a[1:], a.new_zeros(1, *a.shape[1:])]).flip(0)
+        # complex coefficients (the LRU's): autograd's gradients are conjugate (Wirtinger),
+        # d(a h)/dh carries conj(a); conj() is a no-op view on real tensors
+        a_next = torch.cat([a[1:], a.new_zeros(1, *a.shape[1:])]).flip(0).conj()
         r_next = torch.cat([reset[1:], reset.new_ones(1, *reset.shape[1:])]).flip(0)
         d_h = _chunked_forward(a_next, grad_h.flip(0), r_next, ctx.chunk).flip(0)
         # da_t = dh_t h_{t-1} inside a trajectory, dh_t s_t at a restart (selected, as is
         # ds_t = dh_t a_t, read at restarts only)
         d_a = torch.empty_like(d_h)
         d_a[0] = 0.0
-        torch.mul(d_h[1:], h[:-1], out=d_a[1:])
+        torch.mul(d_h[1:], h[:-1].conj(), out=d_a[1:])
         d_stored = None
         if stored is None:
             d_a.masked_fill_(reset, 0.0)
         else:
-            d_a = torch.where(reset, d_h * stored, d_a)
+            d_a = torch.where(reset, d_h * stored.conj(), d_a)
             if ctx.needs_input_grad[2]:
-                d_stored = torch.where(reset, d_h * a, 0.0)
+                d_stored = torch.where(reset, d_h * a.conj(), 0.0)
         return d_a, d_h, d_stored, None, None

@@ -172,6 +172,49 @@ def test_gradcheck_of_the_scans():
         )
 
 
+def _complex_problem(n, steps, hid, seed, p_init=0.2):
+    """Complex coefficients inside the unit disc (the LRU's), inputs and stored states."""
+    g = torch.Generator().manual_seed(seed)
+    mod = torch.rand(n, steps, hid, generator=g, dtype=torch.float64)
+    phase = torch.randn(n, steps, hid, generator=g, dtype=torch.float64) * 3
+    cplx = [torch.randn(n, steps, hid, 2, generator=g, dtype=torch.float64) for _ in range(2)]
+    b, stored = (torch.view_as_complex(t) for t in cplx)
+    return torch.polar(mod, phase), b, torch.rand(n, steps, generator=g) < p_init, stored
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("steps", [1, 9, 70])
+def test_complex_values_and_gradients_match_a_per_row_loop(method, steps):
+    """Complex recurrences: the same scans, and autograd's (conjugate) gradients, which the
+    chunked method's hand-written backward reproduces."""
+    a, b, is_init, stored = _complex_problem(3, steps, 4, seed=steps)
+    leaves = [t.clone().requires_grad_() for t in (a, b, stored)]
+    ref_leaves = [t.clone().requires_grad_() for t in (a, b, stored)]
+    h = linear_recurrence(leaves[0], leaves[1], is_init, leaves[2], method=method, chunk=4)
+    ref = _reference(ref_leaves[0], ref_leaves[1], is_init, ref_leaves[2])
+    assert h.dtype == torch.complex128
+    torch.testing.assert_close(h, ref)
+    weight = torch.randn_like(ref)
+    (h * weight).real.sum().backward()
+    (ref * weight).real.sum().backward()
+    for got, want in zip(leaves, ref_leaves, strict=True):
+        torch.testing.assert_close(got.grad, want.grad)
+
+
+def test_complex_gradcheck_and_no_nan_across_is_init():
+    a, b, is_init, stored = _complex_problem(2, 13, 2, seed=3, p_init=0.0)
+    is_init[:, 6] = True
+    leaves = [t.clone().requires_grad_() for t in (a, b, stored)]
+    assert torch.autograd.gradcheck(
+        lambda x, y, s: linear_recurrence(x, y, is_init, s, method="chunked", chunk=4), leaves
+    )
+    b_nan = b.clone()
+    b_nan[:, 2] = complex("nan+nanj")
+    for method in METHODS:
+        h = linear_recurrence(a, b_nan, is_init, stored, method=method, chunk=4)
+        assert h[:, 2:6].isnan().all() and not h[:, 6:].isnan().any()
+
+
 def test_bad_arguments_say_what_was_expected():
     a, b, is_init, stored = _problem(2, 5, 3, seed=8)
     with pytest.raises(ValueError, match="method must be one of"):
@@ -186,7 +229,7 @@ def test_bad_arguments_say_what_was_expected():
         linear_recurrence(a[:, :, :2], b)
     with pytest.raises(ValueError, match="stored must have b's shape"):
         linear_recurrence(a, b, is_init, stored[:, 0])
-    with pytest.raises(ValueError, match="b must be a floating tensor"):
+    with pytest.raises(ValueError, match="b must be a floating or complex tensor"):
         linear_recurrence(a, torch.ones(2, 5, 3, dtype=torch.long))
 
 
