@@ -13,7 +13,8 @@ kernels), ``"scan"`` (time loop with ``where``), ``"triton"`` (GPU kernel; see
 :func:`triton_unavailable_reason`), ``"assoc"`` (reset-aware parallel scan, linear-recurrent
 cells only) and ``"auto"``, which picks one. Cells
 (:mod:`~recurrl.functional.recurrent.cell`): ``"lstm"``, ``"gru"``, ``"mingru"``
-(:mod:`~recurrl.functional.recurrent.linear_cells`) and any registered kind; each backend
+(:mod:`~recurrl.functional.recurrent.linear_cells`), ``"lru"``
+(:mod:`~recurrl.functional.recurrent.lru`) and any registered kind; each backend
 declares the kinds it runs and refuses the others by name.
 """
 
@@ -38,6 +39,7 @@ from recurrl.functional.recurrent.cell import (
 )
 from recurrl.functional.recurrent.config import LayerWeights, RNNConfig
 from recurrl.functional.recurrent.linear_cells import LinearCellKind
+from recurrl.functional.recurrent.lru import LRUKind  # registers "lru"
 from recurrl.functional.recurrent.pad import Runner, fused_runner, pad_unroll
 from recurrl.functional.recurrent.scan import scan_unroll
 from recurrl.functional.recurrent.step import recurrent_step
@@ -58,6 +60,7 @@ __all__ = [
     "RECURRENT_BACKEND_REGISTRY",
     "RECURRENT_RECOMPUTE",
     "CellKind",
+    "LRUKind",
     "LayerWeights",
     "LinearCellKind",
     "RNNConfig",

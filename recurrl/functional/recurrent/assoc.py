@@ -29,14 +29,18 @@ def assoc_refuses(kind: CellKind, python_based: bool) -> str | None:
         return None
     return (
         "it scans h_t = a_t * h_{t-1} + b_t, which only linear-recurrent cells "
-        "(LinearCellKind, e.g. 'mingru') compute."
+        "(LinearCellKind, e.g. 'mingru', 'lru') compute."
     )
 
 
-def _layer(cfg: RNNConfig, lw: LayerWeights, layer_in: Tensor, stored: Tensor, is_init: Tensor):
+def _layer(
+    cfg: RNNConfig, lw: LayerWeights, layer_in: Tensor, stored: tuple[Tensor, ...], is_init: Tensor
+) -> tuple[Tensor, ...]:
     kind = cfg.kind
-    a, b = kind.coefficients(cfg, lw, kind.project(cfg, lw, layer_in))
-    return linear_recurrence(a, b, is_init, stored, time_dim=0)
+    xp = kind.project(cfg, lw, layer_in)
+    a, b = kind.coefficients(cfg, lw, xp)
+    h = linear_recurrence(a, b, is_init, kind.recurrence_state(cfg, stored), time_dim=0)
+    return kind.outputs(cfg, lw, xp, h)
 
 
 def assoc_unroll(
@@ -60,7 +64,7 @@ def assoc_unroll(
 
     def layer_fn(lw: LayerWeights, layer_in: Tensor, stored: tuple[Tensor, ...]):
         if recompute:
-            return (checkpoint(_layer, cfg, lw, layer_in, stored[0], reset, use_reentrant=False),)
-        return (_layer(cfg, lw, layer_in, stored[0], reset),)
+            return checkpoint(_layer, cfg, lw, layer_in, stored, reset, use_reentrant=False)
+        return _layer(cfg, lw, layer_in, stored, reset)
 
     return drive_layers(cfg, flat_weights, x, states, layer_fn, training=training)

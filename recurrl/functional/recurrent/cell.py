@@ -181,6 +181,17 @@ class CellKind:
         """Whether :meth:`fused_sequence` is implemented (``pad`` needs it, or a runner)."""
         return type(self).fused_sequence is not CellKind.fused_sequence
 
+    def layer_param_count(self, cfg: RNNConfig) -> int | None:
+        """Parameters per layer in the flat weight list, for a kind with its own per-layer
+        parameters (e.g. the LRU's); ``None``: torch's layout (``weight_ih``,
+        ``weight_hh``, biases, projection) as :attr:`RNNConfig.params_per_layer` counts it."""
+        return None
+
+    def split_layer(self, cfg: RNNConfig, chunk: Sequence[Tensor]) -> LayerWeights | None:
+        """One layer's parameters from its slice of the flat weight list, for a kind with
+        its own layout (a ``NamedTuple`` its own methods read); ``None``: torch's layout."""
+        return None
+
     def h_bound(self, cfg: RNNConfig, w: LayerWeights, h0: Tensor) -> Tensor | float:
         """A bound on ``|h|`` over a layer's run from the start states ``h0`` (no host sync);
         needed by the ``pad`` family only."""
@@ -340,7 +351,7 @@ def get_cell_kind(name: str) -> CellKind:
         >>> get_cell_kind("rnn")
         Traceback (most recent call last):
         ...
-        ValueError: unknown recurrent cell mode 'rnn': expected one of ['gru', 'lstm', 'mingru']...
+        ValueError: unknown recurrent cell mode 'rnn': expected one of ['gru', 'lru', 'lstm', ...]
     """
     kind = CELL_KINDS.get(name) if isinstance(name, str) else None
     if kind is None:

@@ -88,6 +88,9 @@ class RNNConfig:
 
     @property
     def params_per_layer(self) -> int:
+        own = self.kind.layer_param_count(self)
+        if own is not None:
+            return own
         per_matrix = 2 if self.kind.recurrent_weights else 1  # (ih, hh) or ih only
         return per_matrix * (1 + self.bias) + (self.proj_size > 0)
 
@@ -95,6 +98,9 @@ class RNNConfig:
         """Split torch's flat weight list (``nn.LSTM._flat_weights`` order) for one layer."""
         k = self.params_per_layer
         chunk = list(flat_weights[layer * k : (layer + 1) * k])
+        own = self.kind.split_layer(self, chunk)
+        if own is not None:
+            return own
         if not self.kind.recurrent_weights:  # weight_ih[, bias_ih]
             return LayerWeights(chunk[0], None, chunk[1] if self.bias else None, None, None)
         w_ih, w_hh = chunk[0], chunk[1]

@@ -12,6 +12,8 @@ holding the weights, as ``torch.nn.GRU`` does for the GRU).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -38,12 +40,24 @@ class LinearCellKind(CellKind):
     recurrent_weights = False
 
     def coefficients(self, cfg: RNNConfig, w: LayerWeights, xp: Tensor) -> tuple[Tensor, Tensor]:
-        """``(a, b)``, each ``[*, H]``, from the projected input ``xp [*, G*H]``."""
+        """``(a, b)``, each ``[*, H]`` (real, or complex for a complex recurrence), from the
+        projected input ``xp [*, G*H]``."""
         raise NotImplementedError(f"linear cell kind {self.name!r} does not define coefficients")
+
+    def recurrence_state(self, cfg: RNNConfig, state: tuple[Tensor, ...]) -> Tensor:
+        """The recurrence's ``h`` ``[*, H]`` from the stored states (each ``[*, S]``):
+        ``state[0]``, unless the kind stores it otherwise (the LRU: real and imaginary
+        parts of a complex ``h`` side by side, in its second state)."""
+        return state[0]
+
+    def outputs(self, cfg: RNNConfig, w: LayerWeights, xp: Tensor, h: Tensor) -> tuple[Tensor, ...]:
+        """The states after a step (output first, real) from the recurrence's new ``h`` and
+        the projected input ``xp``: ``(h,)``, unless the kind reads an output out of ``h``."""
+        return (h,)
 
     def step_projected(self, cfg, w, xp, state):
         a, b = self.coefficients(cfg, w, xp)
-        return (torch.addcmul(b, a, state[0]),)
+        return self.outputs(cfg, w, xp, torch.addcmul(b, a, self.recurrence_state(cfg, state)))
 
 
 class MinGRUKind(LinearCellKind):
@@ -71,7 +85,41 @@ class MinGRUKind(LinearCellKind):
 register_cell_kind(MinGRUKind())
 
 
-class MinGRU(_RecurrentBase):
+class _LinearNet(_RecurrentBase):
+    """The sequence ``forward`` shared by the networks of linear cell kinds: per layer one
+    input projection, the kind's coefficients, one reset-free
+    :func:`~recurrl.functional.linear_recurrence` from ``hx``, and the kind's outputs (the
+    first is the next layer's input)."""
+
+    #: the registered kind (``RNNConfig.mode``)
+    _mode: ClassVar[str]
+
+    @property
+    def _flat_weights(self) -> list[Tensor]:
+        # the name torch's RNNs use; the modules read it when not python-based
+        return self.flat_weights
+
+    def _unroll(self, x: Tensor, state: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """All layers over ``x [T, B, F]`` from ``state`` (each ``[L, B, S]``), one scan per
+        layer."""
+        cfg = RNNConfig(self._mode, self.input_size, self.hidden_size, self.num_layers, self.bias)
+        kind, weights, finals = cfg.kind, self.flat_weights, []
+        for layer in range(self.num_layers):
+            w = cfg.layer_weights(weights, layer)
+            xp = kind.project(cfg, w, x)
+            a, b = kind.coefficients(cfg, w, xp)
+            # the stored states are read at t = 0 only
+            stored = tuple(s[layer].unsqueeze(0).expand(x.shape[0], -1, -1) for s in state)
+            h = linear_recurrence(a, b, None, kind.recurrence_state(cfg, stored), time_dim=0)
+            out = kind.outputs(cfg, w, xp, h)
+            finals.append(tuple(s[-1] for s in out))
+            x = out[0]
+            if self.training and self.dropout > 0 and layer < self.num_layers - 1:
+                x = F.dropout(x, p=self.dropout, training=True)
+        return x, tuple(torch.stack(entry) for entry in zip(*finals, strict=True))
+
+
+class MinGRU(_LinearNet):
     """A stacked minGRU network: the weights of :class:`MinGRUKind` and a sequence
     ``forward`` (each layer's output ``h`` is the next layer's input), run as a parallel scan.
 
@@ -104,6 +152,7 @@ class MinGRU(_RecurrentBase):
     """
 
     _num_gates = 2
+    _mode = "mingru"
 
     def __init__(
         self,
@@ -132,11 +181,6 @@ class MinGRU(_RecurrentBase):
                 setattr(self, pname, nn.Parameter(torch.empty(shape, **factory)))
                 self._flat_weights_names.append(pname)
 
-    @property
-    def _flat_weights(self) -> list[Tensor]:
-        # the name torch's RNNs use; the modules read it when not python-based
-        return self.flat_weights
-
     def _state_sizes(self) -> tuple[int, ...]:
         return (self.hidden_size,)
 
@@ -147,20 +191,6 @@ class MinGRU(_RecurrentBase):
             f"MinGRU: expected hx to be a tensor h_0, received {type(hx).__name__}; pass a "
             f"[num_layers, B, H] tensor or None for zeros."
         )
-
-    def _unroll(self, x: Tensor, state: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
-        """All layers over ``x [T, B, F]`` from ``state[0] [L, B, H]``, one scan per layer."""
-        cfg = RNNConfig("mingru", self.input_size, self.hidden_size, self.num_layers, self.bias)
-        kind, weights, finals = cfg.kind, self.flat_weights, []
-        for layer in range(self.num_layers):
-            w = cfg.layer_weights(weights, layer)
-            a, b = kind.coefficients(cfg, w, kind.project(cfg, w, x))
-            stored = state[0][layer].unsqueeze(0).expand_as(b)  # read at t = 0 only
-            x = linear_recurrence(a, b, None, stored, time_dim=0)
-            finals.append(x[-1])
-            if self.training and self.dropout > 0 and layer < self.num_layers - 1:
-                x = F.dropout(x, p=self.dropout, training=True)
-        return x, (torch.stack(finals),)
 
     def forward(self, input: Tensor, hx: Tensor | None = None) -> tuple[Tensor, Tensor]:
         output, (h_n,) = self._run(input, hx)

@@ -155,7 +155,8 @@ def test_backends_that_do_not_run_a_cell_refuse_it_by_name():
 
 
 def test_registry_validates_modes_and_kinds():
-    assert sorted(k for k in CELL_KINDS if not k.startswith("test_")) == ["gru", "lstm", "mingru"]
+    built_in = ["gru", "lru", "lstm", "mingru"]
+    assert sorted(k for k in CELL_KINDS if not k.startswith("test_")) == built_in
     with pytest.raises(ValueError, match=r"unknown recurrent cell mode 'elman'.*\['gru'"):
         RNNConfig("elman", 3, 4)
     with pytest.raises(ValueError, match="proj_size=2 is not available for the 'gru' cell"):
