@@ -15,6 +15,7 @@ from recurrl.functional.precision import (
 )
 from recurrl.functional.rnn import GRU, LSTM, GRUCell, LSTMCell
 from recurrl.modules.gru import GRUModule
+from recurrl.modules.lru import LRU, LRUModule
 from recurrl.modules.lstm import LSTMModule
 from recurrl.modules.lstm_net import LSTMNet
 from recurrl.modules.mingru import MinGRU, MinGRUModule
@@ -24,10 +25,12 @@ from recurrl.modules.recurrent_mode import recurrent_mode, set_recurrent_mode
 
 __all__ = [
     "GRU",
+    "LRU",
     "LSTM",
     "MLP",
     "GRUCell",
     "GRUModule",
+    "LRUModule",
     "LSTMCell",
     "LSTMModule",
     "LSTMNet",

@@ -14,7 +14,19 @@ from recurrl.modules.recurrent import RecurrentModule
 __all__ = ["MinGRU", "MinGRUModule"]
 
 
-class MinGRUModule(RecurrentModule):
+class _NativeNetwork:
+    """For modules whose network class is recurrl's own and the only one (MinGRU, LRU):
+    nothing to convert (a wrapped network is kept, not copied), always python-native."""
+
+    @staticmethod
+    def _convert(rnn: nn.Module, cls: type[nn.Module]) -> nn.Module:
+        return rnn
+
+    def _set_rnn(self, rnn: nn.Module, python_based: bool) -> None:
+        super()._set_rnn(rnn, True)  # type: ignore[misc]
+
+
+class MinGRUModule(_NativeNetwork, RecurrentModule):
     """A stacked minGRU on TensorDicts, one step at a time or over whole sequences.
 
     The same contract as :class:`GRUModule` (keys, the two modes, resets, ``("next", h)``,
@@ -103,12 +115,3 @@ class MinGRUModule(RecurrentModule):
             in_key=in_key, in_keys=in_keys, out_key=out_key, out_keys=out_keys, device=device,
             rnn=mingru, default_recurrent_mode=default_recurrent_mode,
         )  # fmt: skip
-
-    # MinGRU is the only network class: nothing to convert (a wrapped network is kept, not
-    # copied), and it is always python-native
-    @staticmethod
-    def _convert(rnn: nn.Module, cls: type[nn.Module]) -> nn.Module:
-        return rnn
-
-    def _set_rnn(self, rnn: nn.Module, python_based: bool) -> None:
-        super()._set_rnn(rnn, True)
