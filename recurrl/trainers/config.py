@@ -174,9 +174,9 @@ class EnvConfig:
 class ModelConfig:
     """Actor and critic: a trunk (recurrent or feed-forward) and small MLP heads."""
 
-    memory: Literal["lstm", "gru", "mingru", "none"] = "lstm"
-    """Trunk: lstm, gru, mingru (a linear-recurrent cell trained with a parallel scan), or
-    none (a feed-forward MLP baseline without memory)."""
+    memory: Literal["lstm", "gru", "mingru", "lru", "none"] = "lstm"
+    """Trunk: lstm, gru, mingru, lru (mingru and lru: linear-recurrent cells trained with a
+    parallel scan), or none (a feed-forward MLP baseline without memory)."""
     hidden_size: int = 64
     """Features of the recurrent state (and width of the MLP layers)."""
     num_layers: int = 1
@@ -189,17 +189,17 @@ class ModelConfig:
     (parameter) or an output of the actor's head for every state (state)."""
     recurrent_backend: Literal["auto", "pad", "scan", "assoc"] = "auto"
     """How the recurrent trunk runs a sequence with resets in training: pad (split at resets,
-    torch's fused kernel), scan (time loop), assoc (parallel scan, linear cells such as
-    mingru only), or auto (the faster for the input: pad for the LSTM and scan for the GRU on
-    CPU; pad on CUDA; assoc for mingru). All give the same numbers up to float
+    torch's fused kernel), scan (time loop), assoc (parallel scan, linear cells: mingru and
+    lru only), or auto (the faster for the input: pad for the LSTM and scan for the GRU on
+    CPU; pad on CUDA; assoc for mingru and lru). All give the same numbers up to float
     rounding (the default recipes hold under both, see benchmarks/learning/README.md), so a
     resumed run may change it."""
 
     def __post_init__(self) -> None:
         finite(self)
-        if self.memory not in ("lstm", "gru", "mingru", "none"):
+        if self.memory not in ("lstm", "gru", "mingru", "lru", "none"):
             raise ValueError(
-                f"ModelConfig: memory must be 'lstm', 'gru', 'mingru' or 'none', received "
+                f"ModelConfig: memory must be 'lstm', 'gru', 'mingru', 'lru' or 'none', received "
                 f"{self.memory!r}."
             )
         positive("ModelConfig", hidden_size=self.hidden_size, num_layers=self.num_layers)
@@ -213,11 +213,11 @@ class ModelConfig:
                 f"ModelConfig: recurrent_backend must be 'auto', 'pad', 'scan' or 'assoc', "
                 f"received {self.recurrent_backend!r}."
             )
-        if self.recurrent_backend == "assoc" and self.memory != "mingru":
+        if self.recurrent_backend == "assoc" and self.memory not in ("mingru", "lru"):
             raise ValueError(
                 f"ModelConfig: recurrent_backend='assoc' (a parallel scan) runs only "
-                f"linear-recurrent cells (memory='mingru'), received memory={self.memory!r}. "
-                f"Fix: --recurrent-backend auto, or --memory mingru."
+                f"linear-recurrent cells (memory='mingru' or 'lru'), received "
+                f"memory={self.memory!r}. Fix: --recurrent-backend auto, or --memory mingru."
             )
 
 

@@ -24,7 +24,14 @@ from recurrl.envs import (
     TransformedEnv,
     specs,
 )
-from recurrl.modules import MLP, GRUModule, LSTMModule, MinGRUModule, RecurrentModule
+from recurrl.modules import (
+    MLP,
+    GRUModule,
+    LRUModule,
+    LSTMModule,
+    MinGRUModule,
+    RecurrentModule,
+)
 from recurrl.trainers.config import DEFAULT_NUM_ENVS, EnvConfig, ModelConfig, TrainConfig
 from recurrl.trainers.encoders import (
     ObsInputs,
@@ -64,6 +71,7 @@ MEMORY_MODULES: dict[str, tuple[type[RecurrentModule], tuple[str, ...]]] = {
     "lstm": (LSTMModule, ("h", "c")),
     "gru": (GRUModule, ("h",)),
     "mingru": (MinGRUModule, ("h",)),
+    "lru": (LRUModule, ("y", "h")),  # the last output, and the complex state as [Re | Im]
 }
 
 
@@ -344,8 +352,8 @@ def _trunk(cfg: ModelConfig, obs_dim: int, name: str, obs_key: str = OBS_KEY) ->
     ``f"{name}_features"``.
 
     Recurrent trunks (the module :data:`MEMORY_MODULES` maps ``cfg.memory`` to) keep their
-    state under ``f"{name}_h"`` (and ``f"{name}_c"`` for the LSTM), so the actor's and the
-    critic's own trunks never share state keys.
+    state under ``f"{name}_h"`` (and ``f"{name}_c"`` for the LSTM, ``f"{name}_y"`` for the
+    LRU), so the actor's and the critic's own trunks never share state keys.
     """
     out = f"{name}_features"
     if cfg.memory == FEED_FORWARD:

@@ -61,7 +61,7 @@ def test_help_shows_field_docstrings(capsys):
         main(["train", "--help"])
     assert info.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "--memory {lstm,gru,mingru,none}" in out
+    assert "--memory {lstm,gru,mingru,lru,none}" in out
     assert "a feed-forward MLP baseline without memory" in out
     assert "--resume RUN_DIR" in out
 
@@ -405,6 +405,25 @@ def test_mingru_trains_with_the_parallel_scan_and_assoc_refuses_other_cells(tmp_
     assert main(["train", "--memory", "lstm", "--recurrent-backend", "assoc"]) == 2
     err = capsys.readouterr().err
     assert "recurrent_backend='assoc'" in err and "--memory mingru" in err
+
+
+def test_lru_trains_with_the_parallel_scan_under_ppo_and_dqn(tmp_path, capsys):
+    from recurrl.trainers.dqn import QNetwork
+    from recurrl.trainers.models import ActorCritic
+
+    from .test_dqn import TINY as DQN_TINY
+
+    net = ActorCritic(parse_train("--memory", "lru").model, 2, 2)
+    assert type(net.actor[0]).__name__ == "LRUModule"
+    assert net.actor[0].state_keys == ["actor_y", "actor_h"]
+    q = QNetwork(parse_train("--algo", "dqn", "--memory", "lru").model, 2, 2)
+    assert type(q.q[1]).__name__ == "LRUModule"
+    for name, argv in (("ppo", TINY), ("dqn", DQN_TINY)):
+        run_dir = tmp_path / name
+        lines = run_cli(capsys, "train", *argv, "--memory", "lru", "--recurrent-backend",
+                        "assoc", "--run-dir", str(run_dir))  # fmt: skip
+        assert lines[-1] == str(run_dir)
+        assert load_config(run_dir).model.memory == "lru"
 
 
 def test_resume_may_change_the_recurrent_backend(tiny_run, tmp_path, capsys):

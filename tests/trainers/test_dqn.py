@@ -121,7 +121,7 @@ def test_observation_norm_is_fitted_on_the_warm_up_frames(tmp_path):
     assert (no_norm.model.obs_norm.loc == 0).all()
 
 
-@pytest.mark.parametrize("memory", ["lstm", "gru", "mingru", "none"])
+@pytest.mark.parametrize("memory", ["lstm", "gru", "mingru", "lru", "none"])
 def test_q_network_writes_action_values_and_integer_actions(memory):
     from recurrl.trainers.config import ModelConfig
 

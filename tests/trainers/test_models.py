@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDict
 from torch.distributions import Categorical
 
-from recurrl.modules import GRUModule, LSTMModule, MinGRUModule
+from recurrl.modules import GRUModule, LRUModule, LSTMModule, MinGRUModule
 from recurrl.trainers.config import EnvConfig, ModelConfig, TrainConfig
 from recurrl.trainers.models import (
     FEED_FORWARD,
@@ -169,6 +169,7 @@ def test_memory_names_of_the_builder_are_those_of_the_config():
         ("lstm", LSTMModule, ["actor_h", "actor_c"]),
         ("gru", GRUModule, ["actor_h"]),
         ("mingru", MinGRUModule, ["actor_h"]),
+        ("lru", LRUModule, ["actor_y", "actor_h"]),
     ],
 )
 def test_trunk_builds_the_memory_module_with_its_state_keys(memory, cls, states):
@@ -184,5 +185,5 @@ def test_trunk_builds_the_memory_module_with_its_state_keys(memory, cls, states)
 def test_trunk_refuses_an_unknown_memory_naming_the_choices():
     cfg = ModelConfig(hidden_size=8)
     cfg.memory = "transformer"  # type: ignore[assignment]  # past the config's own check
-    with pytest.raises(ValueError, match="'lstm', 'gru', 'mingru', 'none', received 'transformer'"):
+    with pytest.raises(ValueError, match="'mingru', 'lru', 'none', received 'transformer'"):
         _trunk(cfg, 3, "actor")
