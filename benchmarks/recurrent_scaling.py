@@ -11,6 +11,8 @@ first step (a replayed slice). Candidates:
   what ``auto`` picks for it);
 * ``mingru/scan``: the same cell stepped one step at a time (the ``scan`` backend's autograd
   loop: the sequential baseline);
+* ``lru/assoc``: the LRU through the ``assoc`` backend (a complex chunked scan; what
+  ``auto`` picks for it), its state ``[Re h | Im h]`` random at row starts as the others';
 * ``lstm/pad`` and ``gru/pad``: torch's fused LSTM/GRU on the pieces between resets (what
   ``auto`` picks for the LSTM on CPU); ``gru/scan``: the GRU's hand-written fused loop (what
   ``auto`` picks for the GRU on CPU).
@@ -44,17 +46,19 @@ from _timing import compare
 
 from recurrl.functional.recurrent import RNNConfig, recurrent_unroll
 from recurrl.functional.recurrent.linear_cells import MinGRU
+from recurrl.functional.recurrent.lru import LRU
 
 B, F, H = 16, 16, 64
 CANDIDATES = {
     "mingru/assoc": ("mingru", "assoc"),
     "mingru/scan": ("mingru", "scan"),
+    "lru/assoc": ("lru", "assoc"),
     "lstm/pad": ("lstm", "pad"),
     "gru/pad": ("gru", "pad"),
     "gru/scan": ("gru", "scan"),
 }
 CUDA_CANDIDATES = {"lstm/triton": ("lstm", "triton"), "gru/triton": ("gru", "triton")}
-NETWORKS = {"mingru": MinGRU, "lstm": torch.nn.LSTM, "gru": torch.nn.GRU}
+NETWORKS = {"mingru": MinGRU, "lru": LRU, "lstm": torch.nn.LSTM, "gru": torch.nn.GRU}
 
 
 def make_batch(steps: int, mean_episode: int = 64, seed: int = 0):
@@ -72,6 +76,8 @@ def make_step(kind: str, backend: str, steps: int, device: str = "cpu"):
     cfg = RNNConfig(kind, F, H)
     x, state, is_init = (t.to(device) for t in make_batch(steps))
     states = (state, state.clone()) if kind == "lstm" else (state,)
+    if kind == "lru":  # the last output y, and the complex state as [Re h | Im h]
+        states = (state, torch.cat([state, state.flip(-1)], dim=-1))
     weights = list(net._flat_weights)
     cuda = x.device.type == "cuda"
     extra = {"matmul_precision": "tf32"} if backend == "triton" else {}
