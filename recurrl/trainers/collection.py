@@ -8,6 +8,7 @@ episode returns the recipes report are read from those batches here too.
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import os
@@ -98,7 +99,18 @@ def make_collector(
     workers write their batches there, asynchronously; otherwise batches are gathered from
     every worker and the weights are sent after every batch (each batch is collected with
     the weights of the moment the previous one was consumed: on-policy).
+
+    ``policy`` may also be a list of ``cfg.env.workers`` policies (``ray`` only): worker
+    ``i`` builds its own from a CPU copy of ``policy[i]`` (e.g. with its own exploration)
+    and the collector has no local policy, so weights must be passed to
+    ``update_policy_weights_(weights)`` explicitly.
     """
+    if isinstance(policy, list) and (cfg.env.collector != "ray" or len(policy) != cfg.env.workers):
+        raise ValueError(
+            f"make_collector: a list of policies means one per Ray worker; received "
+            f"{len(policy)} for collector={cfg.env.collector!r} with workers={cfg.env.workers}. "
+            f"Fix: one policy, or --collector ray with as many workers as policies."
+        )
     if cfg.env.collector == "local":
         return Collector(
             env, policy, frames_per_batch=frames_per_batch, total_frames=total_frames,
@@ -108,6 +120,13 @@ def make_collector(
     _require_ray()
     from recurrl.collectors import RayCollector
 
+    per_worker = None
+    if isinstance(policy, list):  # each worker builds its own policy (pickled with it)
+        per_worker = [
+            {"policy_factory": functools.partial(copy.deepcopy, copy.deepcopy(p).to("cpu"))}
+            for p in policy
+        ]
+        policy = None
     collector = RayCollector(
         functools.partial(make_env, cfg.env, num_envs=cfg.env.worker_envs()),
         policy,
@@ -118,6 +137,7 @@ def make_collector(
         ray_init_config=ray_init_config(cfg),
         update_after_each_batch=replay_buffer is None,
         replay_buffer=replay_buffer,
+        collector_kwargs=per_worker,
     )
     collector.set_seed(cfg.run.seed)
     return collector

@@ -395,6 +395,16 @@ class DQNConfig:
     """Epsilon after eps_frames frames (kept until the end)."""
     eps_frames: int = 20_000
     """Frames over which epsilon decays linearly from eps_start to eps_end."""
+    epsilon_schedule: Literal["decay", "apex"] = "decay"
+    """decay: every actor acts with one epsilon, decayed from eps_start to eps_end; apex: a
+    constant epsilon per actor, apex_epsilon ** (1 + apex_alpha * i / (N - 1)) for actor i
+    of N (Ape-X, R2D2). The actors are the Ray workers with --collector ray (all envs of a
+    worker share its epsilon), the envs of the vector env with the local collector."""
+    apex_epsilon: float = 0.4
+    """With epsilon_schedule=apex: the epsilon of actor 0 (the most exploring one)."""
+    apex_alpha: float = 7.0
+    """With epsilon_schedule=apex: the exponent spread; the last actor acts with
+    apex_epsilon ** (1 + apex_alpha)."""
     max_grad_norm: float = 10.0
     """Clip the global gradient norm to this value (0 disables)."""
     prioritized: bool = False
@@ -467,6 +477,17 @@ class DQNConfig:
             raise ValueError(
                 f"DQNConfig: priority_alpha must be >= 0 (0: uniform), received "
                 f"{self.priority_alpha}. Fix: --priority-alpha 0.6."
+            )
+        if self.epsilon_schedule not in ("decay", "apex"):
+            raise ValueError(
+                f"DQNConfig: epsilon_schedule must be decay or apex, received "
+                f"{self.epsilon_schedule!r}. Fix: --epsilon-schedule apex for per-actor epsilons."
+            )
+        if not 0.0 < self.apex_epsilon <= 1.0 or self.apex_alpha < 0:
+            raise ValueError(
+                f"DQNConfig: apex_epsilon must be in (0, 1] and apex_alpha >= 0, received "
+                f"apex_epsilon={self.apex_epsilon}, apex_alpha={self.apex_alpha}. Fix: "
+                f"--apex-epsilon 0.4 --apex-alpha 7 (Ape-X's values)."
             )
         if self.slice_start not in ("any", "trajectory", "stride"):
             raise ValueError(

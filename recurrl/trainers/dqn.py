@@ -4,8 +4,10 @@ burn-in, double DQN with a target network.
 One batch of the loop (:func:`train`):
 
 1. the :class:`~recurrl.collectors.Collector` runs the Q-network (sequential mode) in ``N``
-   envs for ``T`` steps and acts epsilon-greedily (epsilon decays linearly with the frames);
-   hidden states ride in the TensorDict and are stored with every step;
+   envs for ``T`` steps and acts epsilon-greedily (epsilon decays linearly with the frames;
+   with ``epsilon_schedule="apex"`` each actor keeps its own constant epsilon, see
+   :func:`apex_epsilons`); hidden states ride in the TensorDict and are stored with every
+   step;
 2. the ``[N, T]`` batch goes into a replay buffer (row by row: a slice never crosses rows);
 3. ``updates_per_batch`` times: a :class:`~recurrl.data.SliceSampler` draws ``num_slices``
    slices of up to ``burn_in + train_len`` steps (``is_init`` at every slice start:
@@ -74,7 +76,7 @@ from recurrl.trainers.models import EpsilonGreedy, ObservationNorm, QNetwork, ma
 
 # EpsilonGreedy, ObservationNorm and QNetwork live in recurrl.trainers.models (the evaluator
 # builds the Q-network too); they stay importable from here.
-__all__ = ["DQNTrainer", "EpsilonGreedy", "ObservationNorm", "QNetwork", "train"]
+__all__ = ["DQNTrainer", "EpsilonGreedy", "ObservationNorm", "QNetwork", "apex_epsilons", "train"]
 
 # policy outputs not worth replaying: the loss recomputes them (and ("next", state) too)
 _NOT_STORED = ("action_value", "q_features", "q_observation", "q_encoded")
@@ -84,6 +86,32 @@ def epsilon_at(cfg: Any, frames: int) -> float:
     """Linear decay from ``cfg.eps_start`` to ``cfg.eps_end`` over ``cfg.eps_frames`` frames."""
     frac = min(1.0, frames / cfg.eps_frames)
     return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
+
+
+def apex_epsilons(n: int, base: float = 0.4, alpha: float = 7.0) -> list[float]:
+    """Ape-X's per-actor epsilons (Horgan et al. 2018, kept by R2D2): actor ``i`` of ``n``
+    acts with the constant ``base ** (1 + alpha * i / (n - 1))``; a single actor with
+    ``base``.
+
+    Args:
+        n: number of actors (>= 1).
+        base: the epsilon of actor 0, in (0, 1].
+        alpha: the spread; actor ``n - 1`` acts with ``base ** (1 + alpha)``.
+
+    Returns:
+        ``n`` epsilons, from the most exploring (actor 0) to the most greedy.
+
+    Examples:
+        >>> [round(e, 4) for e in apex_epsilons(3)]
+        [0.4, 0.0162, 0.0007]
+        >>> apex_epsilons(1)
+        [0.4]
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"apex_epsilons: expected n an int >= 1 (the actors), received {n!r}.")
+    if n == 1:
+        return [float(base)]
+    return [float(base) ** (1.0 + alpha * i / (n - 1)) for i in range(n)]
 
 
 def priority_beta_at(cfg: Any, frames: int) -> float:
@@ -156,9 +184,9 @@ class DQNTrainer:
                 self.loss, value_network_update_interval=d.hard_update_interval
             )
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=d.lr)
-        self.policy = self.model.policy(d.eps_start)
         # --collector ray: the buffer lives in a Ray actor and the workers write to it
         self.remote = cfg.env.collector == "ray"
+        acting = self._make_policies()
         self.buffer = make_replay_buffer(
             cfg,
             storage=LazyTensorStorage(d.buffer_size),
@@ -166,7 +194,7 @@ class DQNTrainer:
             batch_size=d.num_slices * d.slice_len,
         )
         self.collector = make_collector(
-            cfg, self.env, self.policy, frames_per_batch=d.frames_per_batch,
+            cfg, self.env, acting, frames_per_batch=d.frames_per_batch,
             total_frames=d.frames, device=self.device,
             replay_buffer=self.buffer if self.remote else None,
         )  # fmt: skip
@@ -179,6 +207,30 @@ class DQNTrainer:
         self.logger = MetricsLogger(
             self.run_dir, tensorboard=cfg.run.tensorboard, truncate_after=self.collector.frames
         )
+
+    def _make_policies(self) -> Any:
+        """Set :attr:`policy` (what the weights are read from) and :attr:`epsilons`; return
+        what acts: the policy, or with ``apex`` and Ray one policy per worker, each pinned
+        to its worker's epsilon (out of the synced weights, so weight updates keep it)."""
+        d = self.cfg.dqn
+        self.epsilons: list[float] | None = None
+        if d.epsilon_schedule != "apex":
+            self.policy = self.model.policy(d.eps_start)
+            return self.policy
+        # the actors: the Ray workers, or the envs of the local vector env
+        n = self.cfg.env.workers if self.remote else self.cfg.env.num_envs
+        self.epsilons = apex_epsilons(n, d.apex_epsilon, d.apex_alpha)
+        if not self.remote:
+            self.policy = self.model.policy(self.epsilons, pinned=True)
+            return self.policy
+        self.policy = self.model.policy(0.0, pinned=True)  # the learner's copy never acts
+        return [self.model.policy(eps, pinned=True) for eps in self.epsilons]
+
+    def _sync_weights(self) -> None:
+        """Send the weights to the Ray workers (the local collector shares them); with apex
+        each worker acts with its own policy copy, so the weights are passed explicitly."""
+        weights = self.policy.state_dict() if self.remote and self.epsilons else None
+        self.collector.update_policy_weights_(weights)
 
     # ------------------------------------------------------------------ checkpoint hooks
     def extra_state(self) -> dict[str, Any]:
@@ -202,6 +254,8 @@ class DQNTrainer:
 
     # ------------------------------------------------------------------ one batch
     def _set_epsilon(self) -> float:
+        if self.epsilons is not None:  # apex: constant per actor; the row logs their mean
+            return sum(self.epsilons) / len(self.epsilons)
         eps = epsilon_at(self.cfg.dqn, self.collector.frames)
         # the Ray workers get it with the weights (a buffer of EpsilonGreedy)
         policy = self.policy if self.remote else self.collector.policy
@@ -262,7 +316,7 @@ class DQNTrainer:
                 self.update_priorities(sample)
             sums["loss"] += float(out["loss"].detach())
             sums["td_error"] += float(out["td_error"])
-        self.collector.update_policy_weights_()
+        self._sync_weights()
         return {k: v / d.updates_per_batch for k, v in sums.items()}
 
     def update_priorities(self, sample: TensorDictBase) -> None:
@@ -288,7 +342,7 @@ class DQNTrainer:
         stats = self.update() if learning else dict.fromkeys(
             ("loss", "td_error", "grad_norm"), math.nan)  # fmt: skip
         if self.remote and not learning:
-            self.collector.update_policy_weights_()  # epsilon decays during the warm-up too
+            self._sync_weights()  # epsilon decays during the warm-up too
         self.batches += 1
         return {
             "frames": self.collector.frames,
@@ -314,6 +368,10 @@ class DQNTrainer:
         start = time.perf_counter()
         start_frames = self.collector.frames
         limit = d.frames if stop_after is None else min(stop_after, d.frames)
+        if self.epsilons is not None and not cfg.run.quiet:
+            actors = "Ray worker" if self.remote else "env"
+            print(f"epsilons (apex, per {actors}): " + " ".join(f"{e:.4g}" for e in self.epsilons),
+                  flush=True)  # fmt: skip
         while self.collector.frames < limit:
             eps = self._set_epsilon()
             row = self._step(next_batch(self))

@@ -621,6 +621,13 @@ class EpsilonGreedy(nn.Module):
     workers. A state dict written before it was a buffer (without the entry) loads and keeps
     the current value.
 
+    Args:
+        epsilon: one probability for every row, or a sequence of ``N`` (one per row of a
+            batch ``[N, A]``: e.g. one per env of a vector env, Ape-X's per-actor epsilons).
+        pinned: the epsilon belongs to this module: it is left out of ``state_dict()`` and
+            any value a loaded state dict holds is ignored, so weight updates never change
+            it (each Ray worker keeps its own epsilon through every weight sync).
+
     Examples:
         >>> greedy = EpsilonGreedy(0.0)
         >>> greedy(torch.tensor([[0.1, 0.7], [0.3, -1.0]]))
@@ -628,30 +635,62 @@ class EpsilonGreedy(nn.Module):
         >>> greedy.epsilon = 0.25
         >>> greedy.state_dict()["eps"]
         tensor(0.2500)
+        >>> per_row = EpsilonGreedy([0.0, 1.0], pinned=True)  # row 0 greedy, row 1 uniform
+        >>> per_row.epsilons, "eps" in per_row.state_dict()
+        ([0.0, 1.0], False)
+        >>> per_row.load_state_dict({"eps": torch.tensor(0.5)})  # ignored: pinned
+        <All keys matched successfully>
+        >>> per_row.epsilons
+        [0.0, 1.0]
     """
 
-    def __init__(self, epsilon: float = 0.0) -> None:
+    def __init__(self, epsilon: float | Sequence[float] = 0.0, *, pinned: bool = False) -> None:
         super().__init__()
-        self.register_buffer("eps", torch.tensor(float(epsilon)))
+        eps = torch.tensor(epsilon, dtype=torch.float32)
+        if eps.ndim > 1 or not bool(((eps >= 0) & (eps <= 1)).all()):
+            raise ValueError(
+                f"EpsilonGreedy: expected epsilon a probability in [0, 1] or a flat sequence "
+                f"of them (one per row), received {epsilon!r}."
+            )
+        self.pinned = pinned
+        self.register_buffer("eps", eps, persistent=not pinned)
 
     @property
     def epsilon(self) -> float:
-        """The probability of a uniform action."""
-        return float(self.eps)
+        """The probability of a uniform action (the mean over the rows for per-row ones)."""
+        return float(self.eps.mean())
 
     @epsilon.setter
     def epsilon(self, value: float) -> None:
         self.eps.fill_(float(value))
 
+    @property
+    def epsilons(self) -> list[float]:
+        """The per-row probabilities (one entry for a single epsilon)."""
+        return self.eps.reshape(-1).tolist()
+
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        state_dict.setdefault(prefix + "eps", self.eps.detach().clone())
+        if self.pinned:
+            state_dict.pop(prefix + "eps", None)
+        else:
+            state_dict.setdefault(prefix + "eps", self.eps.detach().clone())
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, action_value: torch.Tensor) -> torch.Tensor:
         greedy = action_value.argmax(-1)
-        if self.epsilon <= 0.0:
+        if not bool((self.eps > 0.0).any()):
             return greedy
-        explore = torch.rand(greedy.shape, device=greedy.device) < self.epsilon
+        eps = self.eps
+        if eps.ndim:  # one epsilon per row of action_value [N, ..., A]
+            rows = greedy.shape[0] if greedy.ndim else 1
+            if eps.shape[0] != rows:
+                raise ValueError(
+                    f"EpsilonGreedy: {eps.shape[0]} per-row epsilons, but the batch has {rows} "
+                    f"row(s) (action_value {list(action_value.shape)}). Fix: one epsilon per "
+                    f"env, or a single epsilon."
+                )
+            eps = eps.reshape(-1, *([1] * (greedy.ndim - 1))) if greedy.ndim else eps[0]
+        explore = torch.rand(greedy.shape, device=greedy.device) < eps
         uniform = torch.randint(action_value.shape[-1], greedy.shape, device=greedy.device)
         return torch.where(explore, uniform, greedy)
 
@@ -688,6 +727,8 @@ class QNetwork(nn.Module):
         head = MLP(width, n_actions, num_cells=width)  # as PPO's critic head
         self.q = Seq(*pre, trunk, Mod(head, [trunk.out_keys[0]], ["action_value"]))
 
-    def policy(self, epsilon: float = 0.0) -> Seq:
-        """The acting module: the Q-network then :class:`EpsilonGreedy` writing ``"action"``."""
-        return Seq(self.q, Mod(EpsilonGreedy(epsilon), ["action_value"], ["action"]))
+    def policy(self, epsilon: float | Sequence[float] = 0.0, *, pinned: bool = False) -> Seq:
+        """The acting module: the Q-network then :class:`EpsilonGreedy` (``epsilon``,
+        ``pinned`` as there) writing ``"action"``."""
+        greedy = EpsilonGreedy(epsilon, pinned=pinned)
+        return Seq(self.q, Mod(greedy, ["action_value"], ["action"]))

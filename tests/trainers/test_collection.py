@@ -14,7 +14,7 @@ from recurrl.trainers import checkpoint as ckpt
 from recurrl.trainers.cli import main
 from recurrl.trainers.collection import episode_returns, make_collector, next_batch, ray_init_config
 from recurrl.trainers.config import EnvConfig, RunConfig, TrainConfig
-from recurrl.trainers.dqn import DQNTrainer, EpsilonGreedy
+from recurrl.trainers.dqn import DQNTrainer, EpsilonGreedy, apex_epsilons
 from recurrl.trainers.evaluate import load_config
 from recurrl.trainers.logger import read_metrics
 from recurrl.trainers.models import make_env
@@ -146,6 +146,40 @@ def test_dqn_workers_write_into_the_ray_replay_buffer(ray_session, tmp_path, cap
         trainer.collector.shutdown()
         trainer.buffer.shutdown()
     assert [int(r["frames"]) for r in read_metrics(run_dir)][-2:] == [320, 384]
+
+
+def test_apex_ray_workers_keep_their_own_epsilon_through_weight_syncs(
+    ray_session, tmp_path, capsys
+):
+    """Worker 0 explores with epsilon 0.5, worker 1 with 0.5 ** 61 (~4e-19, greedy); the
+    weights are synced after every batch and every step the workers stored says whose
+    epsilon chose it: worker 1 never left the argmax, worker 0 about a quarter of the time
+    (0.5 x 1/2 for CartPole's two actions)."""
+    run_dir = tmp_path / "run"
+    out = run_cli(capsys, "train", *DQN_TINY, *RAY, "--frames", "512", "--epsilon-schedule",
+                  "apex", "--apex-epsilon", "0.5", "--apex-alpha", "60", "--no-quiet",
+                  "--run-dir", str(run_dir))  # fmt: skip
+    assert "epsilons (apex, per Ray worker): 0.5 4.337e-19" in out
+    storage = ckpt.load(run_dir)["extra"]["buffer"]["storage"]
+    data = storage["data"]  # the buffer actor's plain form of its TensorDict
+    steps = TensorDict(data["__tensordict__"], batch_size=data["batch_size"])[: storage["len"]]
+    assert steps.numel() == 512
+    other = steps["action"] != steps["action_value"].argmax(-1)
+    worker = steps["collector", "worker_id"]
+    version = steps["collector", "policy_version"]
+    for w in (0, 1):
+        assert int(version[worker == w].max()) >= 3  # several syncs reached each worker
+    assert not other[worker == 1].any()
+    assert 0.12 < float(other[worker == 0].float().mean()) < 0.4
+    assert float(read_metrics(run_dir)[0]["epsilon"]) == pytest.approx(0.25)
+    assert apex_epsilons(2, 0.5, 60.0)[1] < 1e-18
+
+
+def test_per_worker_policies_need_the_ray_collector_and_one_per_worker():
+    cfg = TrainConfig()
+    with pytest.raises(ValueError, match=r"one per Ray worker.*collector='local'"):
+        make_collector(cfg, None, [None, None], frames_per_batch=8, total_frames=8,
+                       device="cpu")  # fmt: skip
 
 
 def test_episode_returns_read_at_done_steps():

@@ -13,7 +13,7 @@ from tensordict import TensorDict
 from recurrl.trainers import DQNConfig, DQNTrainer, EnvConfig, TrainConfig, load_config
 from recurrl.trainers.cli import main
 from recurrl.trainers.config import field_docs
-from recurrl.trainers.dqn import EpsilonGreedy, QNetwork, epsilon_at
+from recurrl.trainers.dqn import EpsilonGreedy, QNetwork, apex_epsilons, epsilon_at
 from recurrl.trainers.logger import read_metrics
 
 from ._helpers import (
@@ -50,6 +50,10 @@ def test_every_dqn_field_has_a_docstring():
         (lambda: DQNConfig(n_steps=0), "n_steps"),
         (lambda: DQNConfig(reward_scale=0.0), "reward_scale"),
         (lambda: DQNConfig(target_update="never"), "target_update"),
+        (lambda: DQNConfig(epsilon_schedule="ladder"), r"decay or apex, received 'ladder'"),
+        (lambda: DQNConfig(apex_epsilon=0.0), r"apex_epsilon must be in \(0, 1\]"),
+        (lambda: DQNConfig(apex_epsilon=1.5), r"apex_epsilon=1.5"),
+        (lambda: DQNConfig(apex_alpha=-1.0), r"apex_alpha >= 0.*Fix: --apex-epsilon 0.4"),
         (  # 400 frames / 8 envs = 50 steps per row < 60-step slices
             lambda: TrainConfig(algo="dqn", dqn=DQNConfig(burn_in=20, train_len=40)),
             r"longer than the 50 steps per env row",
@@ -88,6 +92,37 @@ def test_epsilon_greedy_and_schedule():
     assert [epsilon_at(cfg, f) for f in (0, 500, 1000, 5000)] == pytest.approx(
         [1.0, 0.55, 0.1, 0.1]
     )
+
+
+def test_apex_epsilons_against_a_hand_computation():
+    # 0.4 ** (1 + 7 i / 3) for i = 0..3: exponents 1, 10/3, 17/3, 8
+    assert apex_epsilons(4) == pytest.approx([0.4, 0.047156, 0.0055591, 0.00065536], rel=1e-4)
+    assert apex_epsilons(2, base=0.5, alpha=1.0) == pytest.approx([0.5, 0.25])
+    assert apex_epsilons(1) == [0.4]  # a single actor: the base
+    assert apex_epsilons(3, alpha=0.0) == [0.4, 0.4, 0.4]
+    with pytest.raises(ValueError, match="expected n an int >= 1"):
+        apex_epsilons(0)
+
+
+def test_epsilon_schedule_options_and_defaults():
+    cfg = parse_train("--algo", "dqn", "--epsilon-schedule", "apex", "--apex-epsilon", "0.3",
+                      "--apex-alpha", "5")  # fmt: skip
+    d = cfg.dqn
+    assert (d.epsilon_schedule, d.apex_epsilon, d.apex_alpha) == ("apex", 0.3, 5.0)
+    assert parse_train("--algo", "dqn").dqn.epsilon_schedule == "decay"  # unchanged default
+    with pytest.raises(SystemExit):  # argparse: not one of the choices
+        parse_train("--algo", "dqn", "--epsilon-schedule", "ladder")
+
+
+def test_apex_with_the_local_collector_gives_each_env_its_epsilon(tmp_path, capsys):
+    argv = [*TINY, "--epsilon-schedule", "apex", "--run-dir", str(tmp_path / "run")]
+    trainer = DQNTrainer(parse_train(*argv))
+    (greedy,) = [m for m in trainer.policy.modules() if isinstance(m, EpsilonGreedy)]
+    assert greedy.epsilons == pytest.approx(apex_epsilons(2))  # --num-envs 2
+    assert trainer._set_epsilon() == pytest.approx(sum(apex_epsilons(2)) / 2)
+    trainer.train(stop_after=64)  # collects with the per-env epsilons; they stay
+    assert greedy.epsilons == pytest.approx(apex_epsilons(2))
+    assert float(read_metrics(tmp_path / "run")[0]["epsilon"]) == pytest.approx((0.4 + 0.4**8) / 2)
 
 
 def test_trainer_wires_burn_in_into_the_loss_and_the_sampler(tmp_path):

@@ -17,6 +17,7 @@ from recurrl.trainers.models import (
     FEED_FORWARD,
     MEMORY_MODULES,
     ActorCritic,
+    EpsilonGreedy,
     FactorizedCategorical,
     FactorizedCategoricalSampler,
     ObservationNorm,
@@ -39,6 +40,32 @@ def test_observation_norm_is_the_identity_until_fitted_then_standardizes():
     constant = ObservationNorm(1)
     constant.fit(torch.ones(4, 1))  # zero std: clamped, no division by zero
     assert torch.isfinite(constant(torch.ones(2, 1))).all()
+
+
+def test_epsilon_greedy_per_row_epsilons_act_row_by_row():
+    q = torch.tensor([0.0, 1.0, 0.0]).expand(3, 3)  # greedy action 1 in every row
+    greedy = EpsilonGreedy([0.0, 1.0, 0.5])
+    torch.manual_seed(0)
+    other = torch.stack([greedy(q) != 1 for _ in range(2000)]).float().mean(0)
+    assert other[0] == 0.0  # epsilon 0: always greedy
+    assert other.tolist()[1:] == pytest.approx([2 / 3, 1 / 3], abs=0.04)  # eps * 2/3 others
+    assert greedy.epsilon == pytest.approx(0.5)  # the mean
+    with pytest.raises(ValueError, match="3 per-row epsilons, but the batch has 2 row"):
+        greedy(q[:2])
+    with pytest.raises(ValueError, match=r"probability in \[0, 1\]"):
+        EpsilonGreedy([0.1, 1.5])
+
+
+def test_pinned_epsilon_is_out_of_the_state_dict_and_survives_loads():
+    pinned = EpsilonGreedy(0.25, pinned=True)
+    synced = EpsilonGreedy(0.9)
+    assert "eps" not in pinned.state_dict()
+    pinned.load_state_dict(synced.state_dict())  # a weight sync carrying another epsilon
+    assert pinned.epsilon == 0.25
+    synced.load_state_dict(pinned.state_dict())  # nothing to load: keeps its own
+    assert synced.epsilon == pytest.approx(0.9)
+    synced.load_state_dict({"eps": torch.tensor(0.1)})
+    assert synced.epsilon == pytest.approx(0.1)  # unpinned: the weights carry it
 
 
 def test_actor_critic_obs_norm_feeds_both_trunks_the_standardized_vector():
