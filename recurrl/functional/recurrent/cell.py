@@ -351,7 +351,7 @@ def get_cell_kind(name: str) -> CellKind:
         >>> get_cell_kind("rnn")
         Traceback (most recent call last):
         ...
-        ValueError: unknown recurrent cell mode 'rnn': expected one of ['gru', 'lru', 'lstm', ...]
+        ValueError: unknown recurrent cell mode 'rnn': expected one of ['gru', 'lru', 'lstm', 'mingru']...
     """
     kind = CELL_KINDS.get(name) if isinstance(name, str) else None
     if kind is None:
