@@ -85,7 +85,13 @@ TASKS: dict[str, Task] = {
     "Pendulum-masked": Task("Pendulum-masked", options=("--reward-scale", "0.1")),
 }
 
-MEMORIES: dict[str, str] = {"gru": "GRU", "lstm": "LSTM", "none": "FF"}
+MEMORIES: dict[str, str] = {
+    "gru": "GRU",
+    "lstm": "LSTM",
+    "none": "FF",
+    "mingru": "minGRU",
+    "lru": "LRU",
+}
 
 #: `recurrl train` options of every run, on top of its PPO defaults. --reward-scale 1:
 #: popgym's per-step rewards are already small (1/48, 1/200, ...), the default 0.1 would
@@ -357,7 +363,13 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
-    parser.add_argument("--memory", nargs="+", choices=list(MEMORIES), default=list(MEMORIES))
+    parser.add_argument(
+        "--memory",
+        nargs="+",
+        choices=list(MEMORIES),
+        default=["gru", "lstm", "none"],
+        help="trunks (columns); the linear-recurrent mingru and lru on request",
+    )
     parser.add_argument("--seeds", nargs="+", default=["0-4"],
                         help="seeds: numbers and inclusive ranges (default: 0-4)")  # fmt: skip
     parser.add_argument("--frames", type=int, default=None,
