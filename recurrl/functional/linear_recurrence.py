@@ -127,7 +127,7 @@ def linear_recurrence(
         if torch.is_grad_enabled() and needs_grad:
             h = _ChunkedRecurrence.apply(a, b, stored, reset, chunk)
         else:
-            h = _chunked_forward(*_restarted(a, b, stored, reset), reset, chunk)
+            h = _chunked_forward(*_restarted_in_place(a, b, stored, reset), reset, chunk)
     else:
         a, b = _restarted(a, b, stored, reset)
         h = _sequential(a, b, reset) if method == "sequential" else _hillis_steele(a, b, reset)[1]
@@ -225,45 +225,101 @@ def _hillis_steele(a: Tensor, b: Tensor, reset: Tensor) -> tuple[Tensor, Tensor,
     return a, b, reset
 
 
-def _chunked_forward(a: Tensor, b: Tensor, reset: Tensor, chunk: int) -> Tensor:
-    """The chunked scan without autograd: ``h`` for ``a``, ``b`` ``[T, ..., H]`` (``a`` 0
-    where ``reset``, ``b`` the whole state there).
+def _restarted_in_place(a: Tensor, b: Tensor, stored: Tensor | None, reset: Tensor):
+    """:func:`_restarted` without autograd, for the chunked method: ``a`` zeroed where
+    ``reset`` (one pass), ``b`` rewritten at the restarts only (they are sparse: a gather
+    and a scatter of those rows instead of full-size ``where`` passes)."""
+    if stored is not None:
+        rows = reset[..., 0].nonzero(as_tuple=True)
+        b = b.clone()
+        b[rows] = torch.addcmul(b[rows], a[rows], stored[rows])
+    return a.masked_fill(reset, 0.0), b
 
-    Within every chunk, step ``j`` of all chunks at once (2 kernels a step, written in
-    place); the chunks' end states are combined by the Hillis-Steele scan (log depth); one
-    pass adds each chunk's incoming state times the product of its ``a`` up to each step.
-    Selected, never multiplied away: a reset inside a chunk takes ``b`` as it is.
+
+def _chunked_forward(
+    a: Tensor, b: Tensor, reset: Tensor, chunk: int, *, reverse: bool = False
+) -> Tensor:
+    """The chunked scan without autograd: ``h`` for ``a``, ``b`` ``[T, ..., H]`` (``a`` 0
+    where ``reset``, ``b`` the whole state there). ``reverse``: in decreasing time,
+    ``h_t = a_t h_{t+1} + b_t`` (the backward's recurrence).
+
+    First without any selection (a reset's ``a_t = 0`` cuts the history by itself while
+    everything is finite, and the numbers are then the same); if anything in ``h`` is not
+    finite, again with every reset selecting (:func:`_chunked_pass`), so that nothing
+    non-finite crosses a reset.
+    """
+    h = _chunked_pass(a, b, reset, chunk, reverse, safe=False)
+    if not bool(torch.isfinite(h.sum())):
+        h = _chunked_pass(a, b, reset, chunk, reverse, safe=True)
+    return h
+
+
+def _chunked_pass(
+    a: Tensor, b: Tensor, reset: Tensor, chunk: int, reverse: bool, safe: bool
+) -> Tensor:
+    """One chunked scan. Time is viewed as ``[n_chunks, chunk]`` (no copy); step ``j`` of
+    all chunks runs at once (one ``addcmul`` writing in place, and one ``mul`` for the
+    product of ``a`` since the chunk start, i.e. how much of the incoming state step ``j``
+    keeps); the chunks' incoming states follow from their end states one chunk at a time
+    (``n_chunks`` small steps); one in-place pass adds them. ``safe`` also selects at every
+    reset (``where``, and a flag "a reset came first" per step) rather than multiplying by
+    the zeroed ``a``: ``0 * NaN`` is NaN.
     """
     steps = a.shape[0]
     n_chunks = -(-steps // chunk)
     pad = n_chunks * chunk - steps
-    if pad:  # at the end, restarting: nothing before depends on it
-        a = torch.cat([a, a.new_zeros(pad, *a.shape[1:])])
-        b = torch.cat([b, b.new_zeros(pad, *b.shape[1:])])
-        reset = torch.cat([reset, reset.new_ones(pad, *reset.shape[1:])])
-    # step j of every chunk side by side, contiguous: [chunk, n_chunks, ...]
-    a_c = a.unflatten(0, (n_chunks, chunk)).transpose(0, 1).contiguous()
-    b_c = b.unflatten(0, (n_chunks, chunk)).transpose(0, 1).contiguous()
-    r_c = reset.unflatten(0, (n_chunks, chunk)).transpose(0, 1).contiguous()
-    h, keep, seen = torch.empty_like(b_c), torch.empty_like(a_c), torch.empty_like(r_c)
-    h[0], keep[0], seen[0] = b_c[0], a_c[0], r_c[0]  # no incoming state yet
-    for j in range(1, chunk):
-        torch.mul(a_c[j], h[j - 1], out=h[j])
-        h[j].add_(b_c[j])
-        torch.where(r_c[j], b_c[j], h[j], out=h[j])
-        if n_chunks > 1:
-            # how much of the incoming state step j keeps: the product of a since the chunk
-            # start, and whether a reset came first (then nothing, selected below)
-            torch.mul(keep[j - 1], a_c[j], out=keep[j])
-            torch.logical_or(seen[j - 1], r_c[j], out=seen[j])
+    if pad:  # after the last step in scan order, restarting: nothing depends on it
+        parts = [(a, 0.0), (b, 0.0), (reset, True)]
+        a, b, reset = (
+            torch.cat([t, t.new_full((pad, *t.shape[1:]), v)][:: -1 if reverse else 1])
+            for t, v in parts
+        )
+    a_c, b_c, r_c = (t.unflatten(0, (n_chunks, chunk)) for t in (a, b, reset))
+    first, last = (chunk - 1, 0) if reverse else (0, chunk - 1)
+    order = range(chunk - 2, -1, -1) if reverse else range(1, chunk)
+    step = 1 if reverse else -1  # the previous step in scan order is j + step
+    h = torch.empty(a_c.shape, dtype=b.dtype, device=b.device)
+    h[:, first] = b_c[:, first]  # no incoming state yet
+    # the chunks that receive one: all but the first in scan order
+    into = slice(None, -1) if reverse else slice(1, None)
+    keep = seen = None
     if n_chunks > 1:
-        # a chunk holding a reset passes nothing through: its coefficient is 0, selected
-        # (the product before the reset may be NaN, and NaN * 0 would leak in the scan)
-        end_a = keep[-1].masked_fill(seen[-1], 0.0)
-        _, end_b, _ = _hillis_steele(end_a, h[-1], seen[-1])
-        incoming = torch.cat([end_b[:1].new_zeros(end_b[:1].shape), end_b[:-1]])
-        h = torch.where(seen, h, torch.addcmul(h, keep, incoming))
-    return h.transpose(0, 1).flatten(0, 1)[:steps]
+        keep = torch.empty_like(h[into])
+        keep[:, first] = a_c[into, first]
+        if safe:
+            seen = torch.empty(r_c[into].shape, dtype=torch.bool, device=b.device)
+            seen[:, first] = r_c[into, first]
+    for j in order:
+        torch.addcmul(b_c[:, j], a_c[:, j], h[:, j + step], out=h[:, j])
+        if safe:
+            torch.where(r_c[:, j], b_c[:, j], h[:, j], out=h[:, j])
+        if keep is not None:
+            torch.mul(keep[:, j + step], a_c[into, j], out=keep[:, j])
+            if seen is not None:
+                torch.logical_or(seen[:, j + step], r_c[into, j], out=seen[:, j])
+    if keep is not None:
+        # the state entering each chunk, one chunk after the other: the state leaving the
+        # chunk before (its end state plus its kept share of what entered it)
+        ends = list(range(n_chunks))[:: -1 if reverse else 1]
+        end_h = h[:, last]
+        incoming = torch.zeros_like(end_h)
+        for k in range(1, n_chunks):
+            c, p = ends[k], ends[k - 1]
+            if k == 1:
+                incoming[c] = end_h[p]
+            else:
+                # keep is indexed by the chunks in `into`, where p sits at p - (not reverse)
+                kp = p if reverse else p - 1
+                torch.addcmul(end_h[p], keep[kp, last], incoming[p], out=incoming[c])
+                if seen is not None:
+                    torch.where(seen[kp, last], end_h[p], incoming[c], out=incoming[c])
+        incoming = incoming[into].unsqueeze(1)
+        if seen is None:
+            h[into].addcmul_(keep, incoming)
+        else:
+            h[into] = torch.where(seen, h[into], torch.addcmul(h[into], keep, incoming))
+    h = h.flatten(0, 1)
+    return h[pad:] if reverse else h[:steps]
 
 
 class _ChunkedRecurrence(torch.autograd.Function):
@@ -275,7 +331,7 @@ class _ChunkedRecurrence(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a, b, stored, reset, chunk):
-        h = _chunked_forward(*_restarted(a, b, stored, reset), reset, chunk)
+        h = _chunked_forward(*_restarted_in_place(a, b, stored, reset), reset, chunk)
         ctx.chunk = chunk
         ctx.save_for_backward(a, h, stored, reset)
         return h
@@ -283,23 +339,27 @@ class _ChunkedRecurrence(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_h):
         a, h, stored, reset = ctx.saved_tensors
-        # reversed in time: coefficient a_{t+1}, restart where t + 1 restarts (and at T - 1;
-        # the kernel selects there, so a_{t+1} need not be zeroed)
+        # in decreasing time: coefficient a_{t+1}, zeroed where t + 1 restarts (and at
+        # T - 1), the restarts selected there too (the kernel's NaN-safe pass)
         # complex coefficients (the LRU's): autograd's gradients are conjugate (Wirtinger),
         # d(a h)/dh carries conj(a); conj() is a no-op view on real tensors
-        a_next = torch.cat([a[1:], a.new_zeros(1, *a.shape[1:])]).flip(0).conj()
-        r_next = torch.cat([reset[1:], reset.new_ones(1, *reset.shape[1:])]).flip(0)
-        d_h = _chunked_forward(a_next, grad_h.flip(0), r_next, ctx.chunk).flip(0)
-        # da_t = dh_t h_{t-1} inside a trajectory, dh_t s_t at a restart (selected, as is
-        # ds_t = dh_t a_t, read at restarts only)
+        a_next = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+        a_next[-1] = 0.0
+        zero = a_next.new_zeros(())
+        torch.where(reset[1:], zero, a[1:].conj(), out=a_next[:-1])
+        r_next = torch.cat([reset[1:], reset.new_ones(1, *reset.shape[1:])])
+        d_h = _chunked_forward(a_next, grad_h, r_next, ctx.chunk, reverse=True)
+        # da_t = dh_t h_{t-1} inside a trajectory, dh_t s_t at a restart (written over the
+        # restarts' rows, which t = 0 is in, as is ds_t = dh_t a_t, read at restarts only)
         d_a = torch.empty_like(d_h)
-        d_a[0] = 0.0
         torch.mul(d_h[1:], h[:-1].conj(), out=d_a[1:])
+        rows = reset[..., 0].nonzero(as_tuple=True)
         d_stored = None
         if stored is None:
-            d_a.masked_fill_(reset, 0.0)
+            d_a[rows] = 0.0
         else:
-            d_a = torch.where(reset, d_h * stored.conj(), d_a)
+            d_a[rows] = d_h[rows] * stored[rows].conj()
             if ctx.needs_input_grad[2]:
-                d_stored = torch.where(reset, d_h * a.conj(), 0.0)
+                d_stored = torch.zeros_like(d_h)
+                d_stored[rows] = d_h[rows] * a[rows].conj()
         return d_a, d_h, d_stored, None, None
