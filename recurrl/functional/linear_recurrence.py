@@ -122,7 +122,7 @@ def linear_recurrence(
         method = "scan" if transformed else "chunked"
     if method == "chunked":
         if chunk is None:
-            chunk = max(8, 2 ** round(math.log2(math.sqrt(b.shape[0]))))
+            chunk = _default_chunk(b.shape[0])
         needs_grad = any(t is not None and t.requires_grad for t in (a, b, stored))
         if torch.is_grad_enabled() and needs_grad:
             h = _ChunkedRecurrence.apply(a, b, stored, reset, chunk)
@@ -132,6 +132,21 @@ def linear_recurrence(
         a, b = _restarted(a, b, stored, reset)
         h = _sequential(a, b, reset) if method == "sequential" else _hillis_steele(a, b, reset)[1]
     return h.to(out_dtype).movedim(0, time_dim)
+
+
+def _default_chunk(steps: int) -> int:
+    """The power of two nearest ``sqrt(steps)``, at least 8."""
+    return max(8, 2 ** round(math.log2(math.sqrt(steps))))
+
+
+def _chunked_grad(a_buf: Tensor, grad_h: Tensor, reset: Tensor, chunk: int) -> Tensor:
+    """``dh`` of the chunked scan's ``h`` from the upstream ``grad_h`` ``[T, ..., H]``:
+    ``dh_t = g_t + a_{t+1} dh_{t+1}``, restarting where ``t + 1`` restarts (and at
+    ``T - 1``). ``a_buf`` ``[T + 1, ..., H]`` holds ``a`` zeroed at the restarts and a zero
+    after the last step, so ``a_buf[1:]`` is the shifted coefficient without a copy (for
+    complex ``a``, ``conj(a)``: autograd's gradients are conjugate, Wirtinger)."""
+    r_next = torch.cat([reset[1:], reset.new_ones(1, *reset.shape[1:])])
+    return _chunked_forward(a_buf[1:], grad_h, r_next, chunk, reverse=True)
 
 
 def _time_major(
@@ -340,15 +355,11 @@ class _ChunkedRecurrence(torch.autograd.Function):
     def backward(ctx, grad_h):
         a, h, stored, reset = ctx.saved_tensors
         # in decreasing time: coefficient a_{t+1}, zeroed where t + 1 restarts (and at
-        # T - 1), the restarts selected there too (the kernel's NaN-safe pass)
-        # complex coefficients (the LRU's): autograd's gradients are conjugate (Wirtinger),
-        # d(a h)/dh carries conj(a); conj() is a no-op view on real tensors
-        a_next = torch.empty(h.shape, dtype=h.dtype, device=h.device)
-        a_next[-1] = 0.0
-        zero = a_next.new_zeros(())
-        torch.where(reset[1:], zero, a[1:].conj(), out=a_next[:-1])
-        r_next = torch.cat([reset[1:], reset.new_ones(1, *reset.shape[1:])])
-        d_h = _chunked_forward(a_next, grad_h, r_next, ctx.chunk, reverse=True)
+        # T - 1); conj(a) for complex a (a no-op view on real tensors)
+        a_buf = torch.empty((h.shape[0] + 1, *h.shape[1:]), dtype=h.dtype, device=h.device)
+        a_buf[-1] = 0.0
+        torch.where(reset, a_buf.new_zeros(()), a.conj(), out=a_buf[:-1])
+        d_h = _chunked_grad(a_buf, grad_h, reset, ctx.chunk)
         # da_t = dh_t h_{t-1} inside a trajectory, dh_t s_t at a restart (written over the
         # restarts' rows, which t = 0 is in, as is ds_t = dh_t a_t, read at restarts only)
         d_a = torch.empty_like(d_h)

@@ -238,3 +238,16 @@ def test_auto_runs_under_vmap_with_plain_differentiable_ops():
     want = linear_recurrence(a, b, is_init, stored, method="sequential")
     got = torch.vmap(lambda x, y, r, s: linear_recurrence(x, y, r, s))(a, b, is_init, stored)
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_the_chunked_pass_without_selection_equals_the_selecting_one_on_finite_inputs(reverse):
+    """The chunked scan first runs without selecting at resets (a_t = 0 there cuts the
+    history while all is finite) and falls back to the selecting pass otherwise."""
+    from recurrl.functional.linear_recurrence import _chunked_pass
+
+    a, b, is_init, _ = _problem(2, 45, 3, seed=11)
+    a, b, reset = a.transpose(0, 1), b.transpose(0, 1), is_init.transpose(0, 1)[..., None]
+    a = a.masked_fill(reset, 0.0)
+    fast = _chunked_pass(a, b, reset, 8, reverse, safe=False)
+    torch.testing.assert_close(fast, _chunked_pass(a, b, reset, 8, reverse, safe=True))

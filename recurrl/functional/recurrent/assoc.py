@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from recurrl.functional.linear_recurrence import linear_recurrence
 from recurrl.functional.recurrent.cell import CellKind
 from recurrl.functional.recurrent.config import LayerWeights, RNNConfig, drive_layers
 from recurrl.functional.recurrent.linear_cells import LinearCellKind
@@ -38,8 +37,7 @@ def _layer(
 ) -> tuple[Tensor, ...]:
     kind = cfg.kind
     xp = kind.project(cfg, lw, layer_in)
-    a, b = kind.coefficients(cfg, lw, xp)
-    h = linear_recurrence(a, b, is_init, kind.recurrence_state(cfg, stored), time_dim=0)
+    h = kind.recurrence(cfg, lw, xp, kind.recurrence_state(cfg, stored), is_init)
     return kind.outputs(cfg, lw, xp, h)
 
 

@@ -192,3 +192,23 @@ def test_auto_picks_the_scan_for_linear_cells_only():
     assert resolve_backend("auto", x, python_based=True, mode="mingru") == "assoc"
     assert resolve_backend("auto", x, python_based=False, mode="lstm") == "pad"
     assert resolve_backend("auto", x, python_based=False, mode="gru") == "scan"
+
+
+@pytest.mark.parametrize("with_resets", [True, False])
+def test_the_fused_mingru_recurrence_matches_the_plain_ops(with_resets):
+    """minGRU's gates and scan as one Function (its hand-written backward) against the
+    coefficients and linear_recurrence under autograd: values, dxp and the stored states'
+    gradients, with a ragged last chunk."""
+    kind, cfg = get_cell_kind("mingru"), RNNConfig("mingru", 4, 5)
+    g = torch.Generator().manual_seed(7)
+    xp = torch.randn(37, 3, 10, dtype=DT, generator=g)
+    h0 = torch.randn(37, 3, 5, dtype=DT, generator=g)
+    is_init = (torch.rand(37, 3, generator=g) < 0.2) if with_resets else None
+    results = []
+    for fn in (kind.recurrence, super(type(kind), kind).recurrence):
+        leaves = [xp.clone().requires_grad_(), h0.clone().requires_grad_()]
+        h = fn(cfg, None, leaves[0], leaves[1], is_init)
+        (h * torch.linspace(-1, 1, 5, dtype=DT)).sum().backward()
+        results.append([h, *(t.grad for t in leaves)])
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want)
