@@ -131,7 +131,7 @@ class _MinGRUScan(torch.autograd.Function):
         b = z * cand
         rows = reset[..., 0].nonzero(as_tuple=True)  # restarts are sparse
         b[rows] = torch.addcmul(b[rows], a[rows], stored[rows])
-        a.masked_fill_(reset, 0.0)
+        a[rows] = 0.0
         h = _chunked_forward(a, b, reset, chunk)
         ctx.chunk = chunk
         ctx.save_for_backward(xp, z, a_buf, h, stored, reset)
