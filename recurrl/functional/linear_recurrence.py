@@ -27,8 +27,11 @@ Methods (all give the same numbers to rounding; see ``docs/implementation_detail
 * ``"scan"``: Hillis-Steele inclusive scan, ``ceil(log2 T)`` rounds of vectorised
   out-of-place ops, differentiated by autograd. Depth ``log T``, work ``T log T``.
 * ``"chunked"``: the steps of each chunk of ``chunk`` steps run one at a time, vectorised
-  over all chunks; the chunk totals are combined with the Hillis-Steele scan; one fix-up
-  pass applies each chunk's incoming state. Depth ``chunk + log(T / chunk)``, work ``T``.
+  over all chunks (time viewed as ``[T / chunk, chunk]``, no copy); the chunks' incoming
+  states follow one chunk after the other from their end states (``T / chunk`` small
+  steps); one fix-up pass applies them. Depth ``chunk + T / chunk``, work ``T``. It first
+  runs without selecting at resets (the zeroed ``a_t`` cuts the history while everything is
+  finite, with the same numbers), and again selecting only if its result is not finite.
   Runs without an autograd graph over the steps: its backward is written by hand (the
   same chunked scan backwards in time), so it is differentiable once, not twice.
 * ``"auto"``: ``"chunked"``, or ``"scan"`` under ``torch.compile``/``torch.vmap`` (plain
