@@ -1,0 +1,182 @@
+"""The recurrent DQN section of a training run's configuration (``recurrl train --algo dqn``).
+
+Part of :class:`~recurrl.trainers.config.TrainConfig` (importable from there too); the
+command line's DQN options and their ``--help`` texts are generated from its fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from recurrl.trainers._config_checks import check_frames, finite, positive
+
+__all__ = ["DQNConfig"]
+
+
+@dataclass
+class DQNConfig:
+    """Recurrent DQN (R2D2-style): replayed slices with burn-in, double DQN, target network.
+
+    Each batch: epsilon-greedy collection of frames_per_batch frames into the replay buffer,
+    then updates_per_batch updates on num_slices slices of up to burn_in + train_len steps
+    (5-step double-DQN targets, rewards scaled by 0.1, observations standardized with the
+    warm-up statistics). On CartPole-masked, 100k frames give a greedy return >= 450; see
+    ``benchmarks/learning/README.md`` for the figures per seed and what was tried.
+    """
+
+    frames: int = 100_000
+    """Total env frames to train for (a multiple of frames_per_batch)."""
+    frames_per_batch: int = 400
+    """Frames collected per batch (num_envs rows of frames_per_batch / num_envs steps)."""
+    buffer_size: int = 50_000
+    """Replay buffer capacity in frames."""
+    learning_starts: int = 2_000
+    """Frames collected before the first update."""
+    updates_per_batch: int = 8
+    """Gradient steps after each collected batch."""
+    num_slices: int = 64
+    """Slices per update (sequences of up to burn_in + train_len steps; a slice may start at
+    any stored step with more than burn_in steps left in its episode)."""
+    burn_in: int = 10
+    """Steps at the start of every slice that only warm the stored hidden state up (no loss)."""
+    train_len: int = 20
+    """Steps of every slice that enter the loss (after the burn-in)."""
+    lr: float = 1e-3
+    """Adam learning rate."""
+    anneal_lr: bool = False
+    """Decay the learning rate linearly to 0 over `frames` (off in the measured recipe)."""
+    obs_norm: bool = True
+    """Standardize each observation entry with the mean and std of the learning_starts
+    warm-up frames (nearly random policy), frozen afterwards and saved with the model."""
+    obs_scale: float = 1.0
+    """Multiply the (normalized) observations by this before the Q-network."""
+    gamma: float = 0.99
+    """Discount factor."""
+    n_steps: int = 5
+    """Multi-step TD target: rewards of this many steps, then the target network's value
+    (fewer steps where a slice or episode ends first)."""
+    reward_scale: float = 0.1
+    """Multiply rewards by this in the loss (smaller Q-values; logged returns are
+    unscaled)."""
+    double_dqn: bool = True
+    """Double DQN: the online network picks the next action, the target network values it."""
+    loss_function: Literal["smooth_l1", "l2", "l1"] = "smooth_l1"
+    """TD error penalty: smooth_l1 (Huber), l2 or l1."""
+    target_update: Literal["soft", "hard"] = "soft"
+    """Target network sync: soft (Polyak, tau per update) or hard (copy every
+    hard_update_interval updates)."""
+    tau: float = 0.01
+    """Polyak weight of the online network with target_update=soft."""
+    hard_update_interval: int = 250
+    """Updates between target copies with target_update=hard."""
+    eps_start: float = 1.0
+    """Epsilon of epsilon-greedy exploration at the start."""
+    eps_end: float = 0.05
+    """Epsilon after eps_frames frames (kept until the end)."""
+    eps_frames: int = 20_000
+    """Frames over which epsilon decays linearly from eps_start to eps_end."""
+    epsilon_schedule: Literal["decay", "apex"] = "decay"
+    """decay: every actor acts with one epsilon, decayed from eps_start to eps_end; apex: a
+    constant epsilon per actor, apex_epsilon ** (1 + apex_alpha * i / (N - 1)) for actor i
+    of N (Ape-X, R2D2). The actors are the Ray workers with --collector ray (all envs of a
+    worker share its epsilon), the envs of the vector env with the local collector."""
+    apex_epsilon: float = 0.4
+    """With epsilon_schedule=apex: the epsilon of actor 0 (the most exploring one)."""
+    apex_alpha: float = 7.0
+    """With epsilon_schedule=apex: the exponent spread; the last actor acts with
+    apex_epsilon ** (1 + apex_alpha)."""
+    max_grad_norm: float = 10.0
+    """Clip the global gradient norm to this value (0 disables)."""
+    prioritized: bool = False
+    """Prioritized slice replay (R2D2): slices drawn by priority, losses weighted by
+    importance weights, priorities set from each slice's TD errors after every update (off:
+    uniform slices, the measured recipe)."""
+    priority_alpha: float = 0.6
+    """With prioritized: priority exponent, P(slice) ~ priority^alpha (0: uniform; 0.6 as
+    prioritized replay and Ape-X, R2D2 used 0.9)."""
+    priority_beta: float = 0.4
+    """With prioritized: importance-weight exponent at the start, annealed linearly to 1
+    over `frames` (prioritized replay's 0.4 -> 1)."""
+    priority_eta: float = 0.9
+    """With prioritized: a slice's priority is eta * max + (1 - eta) * mean of the |TD
+    errors| of its steps in the loss (R2D2's 0.9; burn-in steps do not count)."""
+    burn_in_stop_gradient: bool = False
+    """R2D2's stop-gradient: no gradient flows back into the burn-in steps through the hidden
+    state (one more forward pass per update; off: they get gradients from later steps)."""
+    value_rescale: bool = False
+    """R2D2's value rescaling: Q-values regress h(return), targets h(rewards + gamma^n
+    h^-1(Q')) with h(x) = sign(x)(sqrt(|x| + 1) - 1) + 0.001 x."""
+    slice_start: Literal["any", "trajectory", "stride"] = "any"
+    """Where a replayed slice may start in a stored trajectory piece: any step, its first
+    step only, or every (burn_in + train_len) // 2 steps (R2D2's half-overlapping
+    sequences); see SliceSampler(start=)."""
+
+    def __post_init__(self) -> None:
+        finite(self)
+        positive(
+            "DQNConfig", frames=self.frames, frames_per_batch=self.frames_per_batch,
+            buffer_size=self.buffer_size, updates_per_batch=self.updates_per_batch,
+            num_slices=self.num_slices, train_len=self.train_len, eps_frames=self.eps_frames,
+            hard_update_interval=self.hard_update_interval, n_steps=self.n_steps,
+        )  # fmt: skip
+        check_frames("DQNConfig", self.frames, self.frames_per_batch)
+        if self.burn_in < 0 or self.learning_starts < 0:
+            raise ValueError(
+                f"DQNConfig: burn_in and learning_starts must be >= 0, received "
+                f"burn_in={self.burn_in}, learning_starts={self.learning_starts}."
+            )
+        for name in ("gamma", "eps_start", "eps_end", "priority_beta", "priority_eta"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(
+                    f"DQNConfig: {name} must be in [0, 1], received {getattr(self, name)}."
+                )
+        if self.obs_scale <= 0 or self.reward_scale <= 0:
+            raise ValueError(
+                f"DQNConfig: obs_scale and reward_scale must be > 0 (1 leaves the values "
+                f"unchanged), received obs_scale={self.obs_scale}, "
+                f"reward_scale={self.reward_scale}."
+            )
+        if self.lr <= 0 or not 0.0 < self.tau <= 1.0 or self.max_grad_norm < 0:
+            raise ValueError(
+                f"DQNConfig: lr must be > 0, tau in (0, 1] and max_grad_norm >= 0, received "
+                f"lr={self.lr}, tau={self.tau}, max_grad_norm={self.max_grad_norm}."
+            )
+        if self.loss_function not in ("smooth_l1", "l2", "l1"):
+            raise ValueError(
+                f"DQNConfig: loss_function must be smooth_l1, l2 or l1, received "
+                f"{self.loss_function!r}."
+            )
+        if self.target_update not in ("soft", "hard"):
+            raise ValueError(
+                f"DQNConfig: target_update must be soft or hard, received {self.target_update!r}."
+            )
+        self._check_replay()
+
+    def _check_replay(self) -> None:
+        if self.priority_alpha < 0:
+            raise ValueError(
+                f"DQNConfig: priority_alpha must be >= 0 (0: uniform), received "
+                f"{self.priority_alpha}. Fix: --priority-alpha 0.6."
+            )
+        if self.epsilon_schedule not in ("decay", "apex"):
+            raise ValueError(
+                f"DQNConfig: epsilon_schedule must be decay or apex, received "
+                f"{self.epsilon_schedule!r}. Fix: --epsilon-schedule apex for per-actor epsilons."
+            )
+        if not 0.0 < self.apex_epsilon <= 1.0 or self.apex_alpha < 0:
+            raise ValueError(
+                f"DQNConfig: apex_epsilon must be in (0, 1] and apex_alpha >= 0, received "
+                f"apex_epsilon={self.apex_epsilon}, apex_alpha={self.apex_alpha}. Fix: "
+                f"--apex-epsilon 0.4 --apex-alpha 7 (Ape-X's values)."
+            )
+        if self.slice_start not in ("any", "trajectory", "stride"):
+            raise ValueError(
+                f"DQNConfig: slice_start must be any, trajectory or stride, received "
+                f"{self.slice_start!r}."
+            )
+
+    @property
+    def slice_len(self) -> int:
+        """Steps per replayed slice: ``burn_in + train_len``."""
+        return self.burn_in + self.train_len
