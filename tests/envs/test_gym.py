@@ -304,3 +304,78 @@ class TestBatchedAlias:
         assert type(MyGym("CartPole-v1", num_envs=None)) is MyGym
         with pytest.raises(TypeError, match=r"MyGym: \['num_envs'\].*GymVecEnv\(id, num_envs=N"):
             MyGym("CartPole-v1", num_envs=2)
+
+
+# --- the step's conversions against their plain formulas -----------------------------------
+def _reference_step_td(env, obs, reward, terminated, truncated):
+    """What ``_step_td`` builds, by the plain formulas: ``numpy_to_tensor`` for the
+    observation, ``as_tensor`` + reshape for the reward, one ``[3, *B, 1]`` array of the
+    three flags."""
+    from recurrl.envs.gym import numpy_to_tensor
+
+    batch = env.batch_size
+    spec = env.observation_spec["observation"]
+    flags = np.array((terminated, truncated, np.logical_or(terminated, truncated)), bool)
+    flags = torch.from_numpy(flags).reshape(3, *batch, 1)
+    return {
+        "observation": numpy_to_tensor(obs, env._observation_space, spec),
+        "reward": torch.as_tensor(np.asarray(reward, dtype=np.float32)).reshape(*batch, 1),
+        "terminated": flags[0],
+        "truncated": flags[1],
+        "done": flags[2],
+    }
+
+
+def _random_outcome(rng, n, vector):
+    """Random gymnasium step values of the types envs return (Python or numpy scalars for
+    one env, arrays for N)."""
+    if vector:
+        obs = rng.standard_normal((n, 4)).astype(rng.choice([np.float32, np.float64]))
+        if rng.random() < 0.3:
+            obs.flags.writeable = False
+        reward = rng.standard_normal(n).astype(rng.choice([np.float32, np.float64]))
+        return obs, reward, rng.random(n) < 0.3, rng.random(n) < 0.3
+    obs = rng.standard_normal(4).astype(rng.choice([np.float32, np.float64]))
+    if rng.random() < 0.3:
+        obs = obs.tolist()
+    reward = rng.choice([1.0, -2.5, np.float64(0.5), np.float32(3.0), 1])
+    term = rng.choice([True, False, np.True_, np.False_])
+    return obs, reward, term, bool(rng.random() < 0.3)
+
+
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
+@pytest.mark.parametrize("num_envs", [1, 3])
+def test_step_conversions_match_the_plain_formulas(num_envs):
+    from recurrl.envs import GymVecEnv
+
+    vector = num_envs > 1
+    env = GymVecEnv("CartPole-v1", num_envs=num_envs) if vector else GymEnv("CartPole-v1")
+    rng = np.random.default_rng(num_envs)
+    for _ in range(60):
+        obs, reward, term, trunc = _random_outcome(rng, num_envs, vector)
+        shared_obs = isinstance(obs, np.ndarray) and obs.dtype == np.float32
+        out = env._step_td(obs, reward, term, trunc)
+        expected = _reference_step_td(env, obs, reward, term, trunc)
+        assert set(out.keys()) == set(expected)
+        for key, value in expected.items():
+            got = out[key]
+            assert got.dtype == value.dtype and got.shape == value.shape, key
+            assert torch.equal(got, value), key
+        # the observation is shared with a float32 array as numpy_to_tensor shares it; the
+        # flags never share memory with what gymnasium returned
+        if shared_obs and obs.flags.writeable:
+            assert np.shares_memory(out["observation"].numpy(), obs)
+        if vector:
+            term[:] = ~term
+            assert torch.equal(out["terminated"], expected["terminated"])
+    env.close()
+
+
+def test_reset_flags_are_false_and_independent():
+    env = GymEnv("CartPole-v1")
+    out = env.reset()
+    flags = [out[k] for k in ("terminated", "truncated", "done")]
+    assert all(f.shape == (1,) and f.dtype == torch.bool and not f.any() for f in flags)
+    flags[0].fill_(True)  # separate storage: the others stay False
+    assert not flags[1].any() and not flags[2].any()
+    env.close()
