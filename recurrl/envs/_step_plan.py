@@ -22,9 +22,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from tensordict import NestedKey, TensorDictBase
+from tensordict import NestedKey, TensorDict, TensorDictBase
 
-from recurrl.envs.utils import RESET_KEY, merge_reset, tensordict_of_checked, write_checked
+from recurrl.envs.utils import (
+    RESET_KEY,
+    merge_reset,
+    set_next,
+    tensordict_of_checked,
+    write_checked,
+)
 
 if TYPE_CHECKING:
     from recurrl.envs.common import EnvBase
@@ -58,6 +64,21 @@ class MdpPlan:
         return cls([k for k in td.keys() if k not in skip], promote)  # noqa: SIM118
 
     def __call__(self, td: TensorDictBase) -> TensorDictBase:
+        if type(td) is TensorDict:
+            # A plain TensorDict's get(str) is a lookup in its dict: done directly (eight
+            # gets a step cost several µs); a missing key takes the generic path's error.
+            inner = td._tensordict
+            nxt = inner.get("next")
+            if type(nxt) is TensorDict:
+                try:
+                    source = {k: inner[k] for k in self.keep}
+                    next_inner = nxt._tensordict
+                    for k in self.promote:
+                        source[k] = next_inner[k]
+                except KeyError:
+                    pass
+                else:
+                    return tensordict_of_checked(source, td._batch_size, td._device)
         nxt = td.get("next")
         source = {k: td.get(k) for k in self.keep}
         for k in self.promote:
@@ -93,6 +114,9 @@ class StepPlan:
         self._full = _FULL_CHECKS
         keys = ["done"] if "done" in env.done_spec else env.done_keys
         self.done_keys: list[tuple[str, ...]] = [("next", *_as_tuple(k)) for k in keys]
+        #: the single done key's name under "next" when it is a plain string, else None
+        only = self.done_keys[0] if len(self.done_keys) == 1 else ()
+        self._next_done = only[1] if len(only) == 2 else None
         self.action_keys: list[NestedKey] = list(env.action_keys)
         self.base: EnvBase | None = None
         self._ready = {"step": False, "reset": False}
@@ -145,7 +169,7 @@ class StepPlan:
             or not self._is_ready("step")
             or not isinstance(tensordict, TensorDictBase)
             or tensordict.batch_size != self.batch_size
-            or any(tensordict.get(k, None) is None for k in self.action_keys)
+            or not self._has_actions(tensordict)
         ):
             return env.step(tensordict)  # argument errors are the public method's
         next_td = base._step_proc(tensordict)
@@ -158,13 +182,24 @@ class StepPlan:
         else:
             next_td = self.transform._step(tensordict, next_td)
         env._check_output(next_td, "step")
-        tensordict.set("next", next_td)
+        set_next(tensordict, next_td)
         return tensordict
+
+    def _has_actions(self, tensordict: TensorDictBase) -> bool:
+        keys = self.action_keys
+        if type(tensordict) is TensorDict and len(keys) == 1 and type(keys[0]) is str:
+            return tensordict._tensordict.get(keys[0]) is not None  # get(str), directly
+        return all(tensordict.get(k, None) is not None for k in keys)
 
     def done(self, tensordict: TensorDictBase) -> torch.Tensor:
         """``[*B]`` bool: the envs whose step in ``tensordict`` finished an episode (any
         done key set; ``"done"`` alone when the env has it)."""
-        flags = [tensordict.get(k) for k in self.done_keys]
+        flag = None
+        if type(tensordict) is TensorDict and self._next_done is not None:
+            nxt = tensordict._tensordict.get("next")  # get(str) of plain TensorDicts, directly
+            if type(nxt) is TensorDict:
+                flag = nxt._tensordict.get(self._next_done)
+        flags = [flag] if flag is not None else [tensordict.get(k) for k in self.done_keys]
         if len(flags) == 1:
             flag = flags[0]  # [*B, 1]: the usual case
             if flag.shape[-1:] == (1,):
@@ -174,17 +209,28 @@ class StepPlan:
 
     def next_root(self, tensordict: TensorDictBase) -> TensorDictBase:
         """``env.step_mdp(tensordict)``: a new TensorDict, the root of the next step."""
-        nxt = tensordict.get("next")
-        signature = (tuple(tensordict.keys()), tuple(nxt.keys()))
+        if type(tensordict) is TensorDict:
+            nxt = tensordict._tensordict.get("next")
+            if type(nxt) is TensorDict:  # plain TensorDicts: their keys are their dicts'
+                signature = (tuple(tensordict._tensordict), tuple(nxt._tensordict))
+            else:
+                nxt = tensordict.get("next")
+                signature = (tuple(tensordict.keys()), tuple(nxt.keys()))
+        else:
+            nxt = tensordict.get("next")
+            signature = (tuple(tensordict.keys()), tuple(nxt.keys()))
         if self._mdp is None or self._mdp[0] != signature:
             self._mdp = (signature, MdpPlan.build(self.env, tensordict))
         plan = self._mdp[1]
         return plan(tensordict) if plan is not None else self.env.step_mdp(tensordict)
 
-    def reset(self, root: TensorDictBase, done: torch.Tensor) -> TensorDictBase:
+    def reset(
+        self, root: TensorDictBase, done: torch.Tensor, count: int | None = None
+    ) -> TensorDictBase:
         """Reset the envs flagged in ``done`` (``[*B]`` bool) and write the reset values into
         ``root``, as ``root["_reset"] = done[..., None]; root.update(env.reset(root))``
-        (without leaving ``"_reset"``) does. Returns ``root``."""
+        (without leaving ``"_reset"``) does. ``count``, when the caller has it, is
+        ``int(done.sum())``. Returns ``root``."""
         env, base = self.env, self.base
         flag = done.unsqueeze(-1)
         if base is None or not self._is_ready("reset") or root.batch_size != self.batch_size:
@@ -195,7 +241,8 @@ class StepPlan:
                 del root[RESET_KEY]
             root.update(out)
             return root
-        count = int(done.sum())
+        if count is None:
+            count = int(done.sum())
         if not count:
             return root
         full = count == done.numel()

@@ -330,14 +330,20 @@ class EnvBase(nn.Module, metaclass=_EnvMeta):
         """Fill ``truncated`` (False) and ``done`` (terminated | truncated); check ``done``."""
         if not self._standard_done():
             return
-        terminated = next_td.get("terminated", None)
+        if type(next_td) is TensorDict:  # get(str) of a plain TensorDict, directly
+            entries = next_td._tensordict
+            terminated, truncated = entries.get("terminated"), entries.get("truncated")
+        else:
+            terminated = next_td.get("terminated", None)
+            truncated = next_td.get("truncated", None)
         if terminated is None:
             return  # reported by _check_output, naming the key
-        truncated = next_td.get("truncated", None)
         if truncated is None:
             truncated = torch.zeros_like(terminated)
             next_td.set("truncated", truncated)
-        done = next_td.get("done", None)
+        done = next_td._tensordict.get("done") if type(next_td) is TensorDict else None
+        if done is None:
+            done = next_td.get("done", None)
         if done is not None and self._checked_calls["step"] >= _FULL_CHECKS:
             return  # given, and checked on the first steps
         expected = terminated | truncated
@@ -445,7 +451,10 @@ class EnvBase(nn.Module, metaclass=_EnvMeta):
                 f"{type(next_td).__name__}."
             )
         self._complete_done(next_td)
-        preset = tensordict.get("next", None)
+        if type(tensordict) is TensorDict:  # get(str) of a plain TensorDict, directly
+            preset = tensordict._tensordict.get("next")
+        else:
+            preset = tensordict.get("next", None)
         if preset is None:
             return next_td
         flat = _flat_tensors(preset)

@@ -331,3 +331,30 @@ def write_checked(tensordict: TensorDictBase, entries: dict[str, torch.Tensor]) 
             inner[key] = value
         else:
             tensordict.set(key, value)
+
+
+def set_next(tensordict: TensorDictBase, next_td: TensorDictBase) -> None:
+    """``tensordict.set("next", next_td)``, without re-validating a ``next_td`` that fits.
+
+    A step's outcome is a plain ``TensorDict`` of the step's batch size and device, without
+    dim names: tensordict's validation of it (batch size, device, names) would change
+    nothing, so it is stored directly (a locked ``tensordict`` still raises tensordict's
+    error). Anything else goes through ``set``.
+
+    Examples:
+        >>> td = TensorDict({}, batch_size=[2], device="cpu")
+        >>> set_next(td, TensorDict({"a": torch.zeros(2)}, batch_size=[2], device="cpu"))
+        >>> td["next", "a"].shape
+        torch.Size([2])
+    """
+    if (
+        type(tensordict) is TensorDict
+        and type(next_td) is TensorDict
+        and next_td._batch_size == tensordict._batch_size
+        and next_td._device == tensordict._device
+        and tensordict._maybe_names() is None
+        and next_td._maybe_names() is None
+    ):
+        tensordict._set_str("next", next_td, inplace=False, validated=True)
+    else:
+        tensordict.set("next", next_td)

@@ -8,6 +8,7 @@ from recurrl.envs.utils import (
     get_reset_mask,
     merge_reset,
     reset_mask_any_all,
+    set_next,
     step_mdp,
     tensordict_of_checked,
     where_reset,
@@ -212,3 +213,46 @@ def test_tensordict_of_checked_equals_the_checked_constructor():
     assert set(fast.keys(True, True)) == set(slow.keys(True, True))
     assert torch.equal(fast["b", "c"], slow["b", "c"])
     assert fast["b"].batch_size == torch.Size([2])
+
+
+def _set_next_cases():
+    """(root, next) pairs: fitting ones (stored as they are) and ones set must adjust."""
+    cpu = torch.device("cpu")
+    for device in (None, cpu):
+        for batch in ([], [2], [2, 3]):
+            yield (
+                TensorDict({"a": torch.zeros(*batch, 1)}, batch_size=batch, device=device),
+                TensorDict({"b": torch.ones(*batch, 2)}, batch_size=batch, device=device),
+            )
+    # a longer batch than the root's, no device against a device, dim names on either side
+    yield TensorDict({}, [2]), TensorDict({"b": torch.ones(2, 3)}, [2, 3])
+    yield TensorDict({}, [2], device=cpu), TensorDict({"b": torch.ones(2)}, [2])
+    yield TensorDict({}, [2], names=["env"]), TensorDict({"b": torch.ones(2)}, [2])
+    yield TensorDict({}, [2]), TensorDict({"b": torch.ones(2)}, [2], names=["env"])
+    yield TensorDict({}, [2]), TensorDict({"b": torch.ones(2, 3)}, [2]).lock_()
+
+
+@pytest.mark.parametrize("case", range(len(list(_set_next_cases()))))
+def test_set_next_equals_set(case):
+    root, nxt = list(_set_next_cases())[case]
+    fast, slow = root.clone(False), root.clone(False)
+    set_next(fast, nxt)
+    slow.set("next", nxt)
+    a, b = fast.get("next"), slow.get("next")
+    assert type(a) is type(b) and a.batch_size == b.batch_size and a.device == b.device
+    assert a.names == b.names and fast.names == slow.names
+    assert a.is_locked == b.is_locked
+    assert set(a.keys(True, True)) == set(b.keys(True, True))
+    for key in a.keys(True, True):
+        assert a.get(key) is b.get(key) or torch.equal(a.get(key), b.get(key))
+
+
+def test_set_next_on_a_locked_root_raises_the_same_error():
+    nxt = TensorDict({"b": torch.ones(2)}, [2])
+    errors = []
+    for write in (set_next, lambda td, value: td.set("next", value)):
+        root = TensorDict({}, [2]).lock_()
+        with pytest.raises(RuntimeError) as info:
+            write(root, nxt)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1]

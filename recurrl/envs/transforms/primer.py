@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from tensordict import NestedKey, TensorDictBase, unravel_key
+from tensordict import NestedKey, TensorDict, TensorDictBase, unravel_key
 from torch import nn
 
 from recurrl.envs.specs import Composite, TensorSpec, Unbounded
@@ -287,11 +287,18 @@ class TensorDictPrimer(Transform):
     def _fused_step(
         self, tensordict: TensorDictBase, next_tensordict: TensorDictBase, new: dict
     ) -> bool:
+        # get(str) of a plain TensorDict is a lookup in its dict: done directly
+        written = next_tensordict._tensordict if type(next_tensordict) is TensorDict else None
         for key in self.out_keys:
             if not isinstance(key, str):
                 return False
-            if key in new or next_tensordict.get(key, None) is not None:
-                continue  # the policy (or an earlier transform) wrote the next value
+            if key in new:
+                continue  # an earlier transform wrote the next value
+            if written is not None:
+                if written.get(key) is not None:
+                    continue  # the policy wrote the next value
+            elif next_tensordict.get(key, None) is not None:
+                continue
             current = tensordict.get(key, None)
             if current is None:
                 return False  # _step raises, naming the key
