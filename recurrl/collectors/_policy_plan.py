@@ -105,14 +105,25 @@ def _module_step(mod: TensorDictModule) -> Step:
     in_keys = list(mod.in_keys)
     out_keys = list(mod.out_keys)
     single = len(out_keys) == 1 and out_keys[0] != "_"
+    # Plain-string keys of a plain TensorDict: read from its dict and written with
+    # _set_str, which makes set's checks itself (set only unravels the key first).
+    plain_in = all(type(k) is str for k in in_keys)
+    plain_out = single and type(out_keys[0]) is str
 
     def step(td: TensorDictBase) -> TensorDictBase:
-        inputs = [td.get(k, None) for k in in_keys]
+        plain = type(td) is TensorDict
+        if plain and plain_in:
+            inputs = list(map(td._tensordict.get, in_keys))
+        else:
+            inputs = [td.get(k, None) for k in in_keys]
         if not all(isinstance(x, Tensor) for x in inputs):
             return mod(td)  # missing or non-tensor inputs: the wrapper's own handling
         out = fn(*inputs)
         if single and type(out) is Tensor:
-            td.set(out_keys[0], out)
+            if plain and plain_out:
+                td._set_str(out_keys[0], out, inplace=False, validated=False)
+            else:
+                td.set(out_keys[0], out)
             return td
         return _write(mod, td, out, out_keys)
 

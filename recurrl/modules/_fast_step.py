@@ -222,6 +222,18 @@ def _write(plan: StepPlan, td: TensorDict, y: Tensor, new: list[Tensor]) -> None
     ):
         for name, s in zip(plan.next_keys, new):  # as many (the cell returns every state)
             nxt._set_str(name, s, inplace=False, validated=True)
+    elif (
+        nxt is None
+        and plan.next_keys is not None
+        and not td._is_locked
+        and td._maybe_names() is None
+        and (td._device is None or td._device == y.device)
+    ):
+        # no "next" yet (the usual step): built with its entries, as td.set(("next", name))
+        # would build it (td.empty(), then each state set), in one construction
+        entries = dict(zip(plan.next_keys, new))
+        nxt = TensorDict._new_unsafe(entries, batch_size=td._batch_size, device=td._device)
+        td._set_str("next", nxt, inplace=False, validated=True)
     else:
         for key, s in zip(plan.out_keys[1:], new):
             td.set(key, s)

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 import torch
-from tensordict import TensorDict
+from tensordict import LazyStackedTensorDict, TensorDict
 from tensordict.nn import (
     ProbabilisticTensorDictModule,
     ProbabilisticTensorDictSequential,
@@ -258,3 +258,31 @@ def test_collector_batches_equal_without_the_plan(monkeypatch):
         assert set(a.keys(True, True)) == set(b.keys(True, True))
         for key in a.keys(True, True):
             assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.parametrize("layout", ["plain", "device", "names", "lazy", "nested_keys"])
+def test_wrapper_reads_and_writes_on_any_tensordict(layout):
+    """Plain-string keys of a plain TensorDict are read from its dict and written with
+    _set_str; other TensorDicts and keys go through get / set: the same result either way,
+    and the same error on a locked TensorDict."""
+    keys = ("feat", "logits") if layout != "nested_keys" else (("a", "feat"), ("a", "logits"))
+    policy = TensorDictSequential(
+        TensorDictModule(nn.Linear(F, H), in_keys=["observation"], out_keys=[keys[0]]),
+        TensorDictModule(nn.Linear(H, 2), in_keys=[keys[0]], out_keys=[keys[1]]),
+    )
+    td = root()
+    if layout == "device":
+        td = td.to("cpu")
+    elif layout == "names":
+        td.names = ["env"]
+    elif layout == "lazy":
+        td = LazyStackedTensorDict.lazy_stack(list(td.unbind(0)), 0)
+    got = same(policy, td)
+    assert type(got) is type(td) and got.names == td.names and got.device == td.device
+    if layout != "lazy":
+        errors = []
+        for run in (policy, plan_policy(policy)):
+            with pytest.raises(RuntimeError) as info, torch.no_grad():
+                run(td.clone().lock_())
+            errors.append(str(info.value))
+        assert errors[0] == errors[1]

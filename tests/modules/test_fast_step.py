@@ -302,3 +302,24 @@ def test_recurrent_mode_and_tensor_calls_are_untouched():
     is_init = torch.ones(4, 1, dtype=torch.bool)
     y = module(x=x, is_init=is_init)[0]
     assert torch.equal(y, _oracle(module)(x=x, is_init=is_init)[0])
+
+
+@pytest.mark.parametrize("layout", ["plain", "device", "names", "next_present"])
+def test_new_next_entry_is_built_like_set(layout):
+    """Without a ``"next"`` entry the fast path builds it with the states in one go: the
+    same sub-TensorDict (batch size, device, dim names) as ``td.set(("next", k), v)``."""
+    module = _module("lstm", 1)
+    td = _data(module, (3,), torch.tensor([[True], [False], [True]]))
+    if layout == "device":
+        td = td.to("cpu")
+    elif layout == "names":
+        td.names = ["env"]
+    elif layout == "next_present":
+        td.set(("next", "other"), torch.zeros(3))
+    with torch.no_grad():
+        fast, slow, answered = _run_both(module, td)
+    assert answered
+    assert_identical(fast, slow)
+    a, b = fast.get("next"), slow.get("next")
+    assert (a.batch_size, a.device, a.names) == (b.batch_size, b.device, b.names)
+    assert list(a.keys()) == list(b.keys())
