@@ -257,17 +257,23 @@ class Collector:
         self._new_ids(torch.ones(self.env.batch_size, dtype=torch.bool, device=root.device))
         return root
 
-    def _new_ids(self, starts: torch.Tensor) -> None:
-        """Give a new trajectory id to every env flagged in ``starts`` (``[*B]`` bool)."""
-        if self._traj_ids is None:
-            self._traj_ids = torch.full(
-                self.env.batch_size, -1, dtype=torch.int64, device=starts.device
-            )
-        count = int(starts.sum())
+    def _new_ids(self, starts: torch.Tensor, count: int | None = None) -> None:
+        """Give a new trajectory id to every env flagged in ``starts`` (``[*B]`` bool);
+        ``count``, when known, is ``int(starts.sum())`` (saves a host read)."""
+        if count is None:
+            count = int(starts.sum())
         ids = torch.arange(self._next_traj_id, self._next_traj_id + count, device=starts.device)
         if self.traj_id_stride != 1 or self.traj_id_offset:
             ids = ids * self.traj_id_stride + self.traj_id_offset
-        self._traj_ids = self._traj_ids.masked_scatter(starts, ids)
+        if count == starts.numel():
+            # every env starts: the ids in order, what the scatter below gives
+            self._traj_ids = ids.reshape(starts.shape)
+        else:
+            if self._traj_ids is None:
+                self._traj_ids = torch.full(
+                    self.env.batch_size, -1, dtype=torch.int64, device=starts.device
+                )
+            self._traj_ids = self._traj_ids.masked_scatter(starts, ids)
         self._next_traj_id += count
 
     def _act(self, root: TensorDictBase, random: bool, policy: Policy | None) -> TensorDictBase:
@@ -312,9 +318,11 @@ class Collector:
                 done = plan.done(td)
                 root = plan.next_root(td)
                 if bool(done.any()):
-                    # As env.rollout does: reset the finished envs; they get new ids.
-                    root = plan.reset(root, done)
-                    self._new_ids(done)
+                    # As env.rollout does: reset the finished envs; they get new ids. One
+                    # host read of how many serves the reset and the ids.
+                    count = int(done.sum())
+                    root = plan.reset(root, done, count)
+                    self._new_ids(done, count)
                 if len(steps) == _CHUNK_STEPS:
                     chunks.append(self._stack(steps, ids))
                     steps, ids = [], []
