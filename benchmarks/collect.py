@@ -10,7 +10,8 @@ With ``--device cuda`` the collector runs the policy on the GPU (``Collector(dev
 while the envs stay on CPU: every step moves the observation there and the action back. The
 plain loop stays on CPU, as the ceiling to compare with.
 
-Run: ``python benchmarks/collect.py [--quick] [--threads N] [--envs 1 8] [--device cuda]``
+Run: ``python benchmarks/collect.py [--quick] [--threads N] [--envs 1 8] [--device cuda]
+[--cpu-time] [--rounds R]``
 """
 
 from __future__ import annotations
@@ -142,6 +143,14 @@ def main() -> None:
     )
     parser.add_argument("--python-based", action="store_true", help="python-native LSTM")
     parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time CPU time instead of wall time: of the calling thread with --threads 1 "
+        "(steadier on a shared machine, where other processes take the core away), of the "
+        "whole process with more threads",
+    )
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 7)")
+    parser.add_argument(
         "--device", default=None, help="device of the collector's policy (envs stay on CPU)"
     )
     args = parser.parse_args()
@@ -150,6 +159,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     frames = 256 if args.quick else 1024
     rounds, warmup = (3, 1) if args.quick else (7, 2)
+    rounds = args.rounds or rounds
+    clock = time.perf_counter
+    if args.cpu_time:
+        clock = time.thread_time if torch.get_num_threads() == 1 else time.process_time
     print(
         f"torch {torch.__version__}, gymnasium {gymnasium.__version__}, threads="
         f"{torch.get_num_threads()}, frames/call={frames}, CartPole-v1, LSTM H={H}, "
@@ -169,6 +182,7 @@ def main() -> None:
             rounds=rounds,
             inner=1,
             warmup=warmup,
+            clock=clock,
         )
         fps = {k: frames / v for k, v in times.items()}
         print(
