@@ -27,8 +27,10 @@ from tensordict import NestedKey, TensorDict, TensorDictBase
 from recurrl.envs.utils import (
     RESET_KEY,
     merge_reset,
+    prime_reset_mask,
     set_next,
     tensordict_of_checked,
+    update_checked,
     write_checked,
 )
 
@@ -140,6 +142,7 @@ class StepPlan:
         self.base = base
         self.transform = env.transform
         self.kept, self.to_merge = kept, to_merge
+        self._kept_set = frozenset(kept)
         # Transforms with fused forms in their own class body (see Transform._fused_step).
         leaves = [t for t in _iter_transforms(env.transform) if not isinstance(t, Compose)]
         self.fused = [t for t in leaves if _has_fused(t)] if all(map(_has_fused, leaves)) else None
@@ -246,27 +249,41 @@ class StepPlan:
         if not count:
             return root
         full = count == done.numel()
-        given = root.copy()
         if full:
             # Every env resets: the public method drops the mask and resets in full.
-            out = self._base_reset(given)
+            out = self._base_reset(root.copy())
         else:
-            given.set(RESET_KEY, flag)
             # The base env sees no current values: they are the transformed ones, merged
-            # back after the transforms (as TransformedEnv._reset_proc does).
-            out = self._base_reset(given.exclude(*self.kept))
+            # back after the transforms (as TransformedEnv._reset_proc does). For a plain
+            # root its input (root's other entries and the mask) is built at once.
+            if type(root) is TensorDict and root._maybe_names() is None:
+                kept = self._kept_set
+                source = {k: v for k, v in root._tensordict.items() if k not in kept}
+                source[RESET_KEY] = flag
+                given = tensordict_of_checked(source, root.batch_size, root.device)
+            else:
+                given = root.copy()
+                given.set(RESET_KEY, flag)
+                given = given.exclude(*self.kept)
+            # the mask's readers (env, base env, gymnasium wrapper) get `done` and its
+            # count as they would read them from `flag`, without reading it again
+            prime_reset_mask(flag, done, count)
+            out = self._base_reset(given)
         mask = None if full else done
         new: dict = {}
-        if self.fused is not None and all(
-            t._fused_reset(given, out, new, mask) for t in self.fused
-        ):
+        # The fused forms read the current values from root itself (they only read, and
+        # take the mask as an argument); the hooks' fallback gets root's copy with the mask.
+        if self.fused is not None and all(t._fused_reset(root, out, new, mask) for t in self.fused):
             write_checked(out, new)
         else:
+            given = root.copy()
+            if not full:
+                given.set(RESET_KEY, flag)
             out = self.transform._reset(given, out)
         if not full:
-            out = merge_reset(done, out, given, self.to_merge)
+            out = merge_reset(done, out, root, self.to_merge)
         env._check_output(out, "reset")
-        root.update(out)
+        update_checked(root, out)
         return root
 
     def _base_reset(self, given: TensorDictBase) -> TensorDictBase:

@@ -410,8 +410,13 @@ class EnvBase(nn.Module, metaclass=_EnvMeta):
             )
         if RESET_KEY in out:
             out = out.exclude(RESET_KEY)
+        # get(str) of a plain TensorDict is a lookup in its dict: done directly
+        entries = out._tensordict if type(out) is TensorDict else None
         for key, spec in self._keys("done"):
-            if out.get(key, None) is None:
+            if entries is not None and type(key) is str:
+                if entries.get(key) is None:
+                    out.set(key, spec.zero())
+            elif out.get(key, None) is None:
                 out.set(key, spec.zero())
         return out
 

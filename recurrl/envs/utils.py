@@ -358,3 +358,47 @@ def set_next(tensordict: TensorDictBase, next_td: TensorDictBase) -> None:
         tensordict._set_str("next", next_td, inplace=False, validated=True)
     else:
         tensordict.set("next", next_td)
+
+
+def prime_reset_mask(flag: torch.Tensor, mask: torch.Tensor, count: int) -> None:
+    """Make the next reads of the reset mask ``flag`` (``[*B, 1]``, stored under
+    ``"_reset"``) answer ``mask`` (``[*B]`` bool, ``flag`` is ``mask.unsqueeze(-1)``) and
+    ``count`` (``int(mask.sum())``), which the caller already has.
+
+    :func:`get_reset_mask` would answer ``flag.squeeze(-1)`` (a view of ``mask``, equal
+    to it) and :func:`reset_mask_any_all` ``(count > 0, count == mask.numel())`` from one
+    more host read; both keep their answer for the same unmodified tensors only, so any
+    write to ``flag`` or ``mask`` voids this. The caller guarantees that ``flag`` is
+    ``mask.unsqueeze(-1)``; nothing is primed unless ``mask`` is bool and the shapes fit.
+
+    Examples:
+        >>> done = torch.tensor([True, False])
+        >>> flag = done.unsqueeze(-1)
+        >>> prime_reset_mask(flag, done, 1)
+        >>> td = TensorDict({"_reset": flag}, batch_size=[2])
+        >>> get_reset_mask(td, [2]) is done, reset_mask_any_all(done)
+        (True, (True, False))
+    """
+    if mask.dtype != torch.bool or flag.shape != (*mask.shape, 1):
+        return
+    batch = tuple(mask.shape)
+    _MASK_MEMO[0] = (flag, flag._version, batch, mask, mask._version)
+    _ANY_ALL_MEMO[0] = (mask, mask._version, (count > 0, count == mask.numel()))
+
+
+def update_checked(tensordict: TensorDictBase, update: TensorDictBase) -> None:
+    """``tensordict.update(update)`` for a plain ``update`` holding only top-level tensors
+    (stored with :func:`write_checked`); anything else goes through ``update``, which
+    merges sub-TensorDicts entry by entry.
+
+    Examples:
+        >>> td = TensorDict({"a": torch.zeros(2)}, batch_size=[2])
+        >>> update_checked(td, TensorDict({"a": torch.ones(2)}, batch_size=[2]))
+        >>> td["a"]
+        tensor([1., 1.])
+    """
+    inner = update._tensordict if type(update) is TensorDict else None
+    if inner is not None and all(type(v) is torch.Tensor for v in inner.values()):
+        write_checked(tensordict, inner)
+    else:
+        tensordict.update(update)

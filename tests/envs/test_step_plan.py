@@ -233,3 +233,44 @@ def test_plan_is_rebuilt_when_transforms_change() -> None:
     second = env._step_plan()
     assert second is not first and second.fused is None
     assert isinstance(second, StepPlan)
+
+
+@pytest.mark.parametrize("case", range(16))
+def test_planned_partial_reset_matches_the_public_reset(case: int) -> None:
+    """``plan.reset`` on random roots (plain, with dim names, with extra entries and a
+    nested one, a given or omitted count) and masks equals ``root["_reset"] = done;
+    root.update(env.reset(root))`` on the twin env, and leaves no ``"_reset"`` behind."""
+    rng = random.Random(case)
+    batch = rng.choice([(1,), (3,), (5,)])
+    lengths = [rng.randint(1, 4) for _ in range(batch[0])]
+    env_a, env_b = _pair(lambda: LazyResetEnv(batch_size=batch, max_steps=lengths), rng)
+    plan = env_b._step_plan()
+    root_a, root_b = env_a.reset(), env_b.reset()
+    policy_a, policy_b = _policy(random.Random(case), False), _policy(random.Random(case), False)
+    for _ in range(2 * _FULL_CHECKS):  # past the checked first calls: the planned path
+        _, root_a = _oracle(env_a, policy_a(root_a))
+        _, root_b = plan(policy_b(root_b))
+    for _ in range(6):
+        done = torch.rand(batch) < rng.random()
+        extra = torch.randn(*batch, 2)
+        a, b = root_a.clone(), root_b.clone()
+        nested = rng.random() < 0.3
+        for root in (a, b):
+            root.set("extra", extra.clone())
+            if nested:
+                root.set(("nested", "x"), extra.clone())
+        if rng.random() < 0.3:
+            a.names, b.names = ["env"], ["env"]
+        if bool(done.any()):
+            a.set(RESET_KEY, done.unsqueeze(-1))
+            out = env_a.reset(a)
+            del a[RESET_KEY]
+            a.update(out)
+        count = int(done.sum()) if rng.random() < 0.5 else None
+        b = plan.reset(b, done, count)
+        assert RESET_KEY not in b
+        assert b.names == a.names
+        assert_identical(b, a)
+        root_a, root_b = a.exclude("extra", "nested"), b.exclude("extra", "nested")
+        root_a.names, root_b.names = None, None
+    assert plan.planned

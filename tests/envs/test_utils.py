@@ -7,10 +7,12 @@ from tensordict import TensorDict
 from recurrl.envs.utils import (
     get_reset_mask,
     merge_reset,
+    prime_reset_mask,
     reset_mask_any_all,
     set_next,
     step_mdp,
     tensordict_of_checked,
+    update_checked,
     where_reset,
 )
 
@@ -256,3 +258,43 @@ def test_set_next_on_a_locked_root_raises_the_same_error():
             write(root, nxt)
         errors.append(str(info.value))
     assert errors[0] == errors[1]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_primed_reset_mask_answers_what_reading_it_would(seed):
+    gen = torch.Generator().manual_seed(seed)
+    batch = [(3,), (2, 2), (1,)][seed % 3]
+    done = torch.rand(batch, generator=gen) < 0.5
+    flag = done.unsqueeze(-1)
+    td = TensorDict({"_reset": flag}, batch_size=batch)
+    prime_reset_mask(flag, done, int(done.sum()))
+    primed = get_reset_mask(td, batch)
+    assert primed is done
+    assert reset_mask_any_all(primed) == (bool(done.any()), bool(done.all()))
+    # a write to the mask voids the primed answers: they are read again
+    done.fill_(True)
+    again = get_reset_mask(td, batch)
+    assert bool(again.all()) and reset_mask_any_all(again) == (True, True)
+
+
+def test_prime_reset_mask_ignores_what_does_not_fit():
+    done = torch.tensor([True, False])
+    other = TensorDict({"_reset": torch.tensor([[False], [True]])}, batch_size=[2])
+    prime_reset_mask(done.float().unsqueeze(-1), done.float(), 1)  # not bool: not primed
+    prime_reset_mask(done, done, 1)  # not [*B, 1]: not primed
+    assert get_reset_mask(other, [2]).tolist() == [False, True]
+
+
+def test_update_checked_equals_update():
+    base = TensorDict({"a": torch.zeros(2), "sub": {"x": torch.zeros(2)}}, batch_size=[2])
+    for update in (
+        TensorDict({"a": torch.ones(2), "b": torch.ones(2, 3)}, batch_size=[2]),
+        TensorDict({"sub": {"y": torch.ones(2)}}, batch_size=[2]),  # merged, not replaced
+        TensorDict({"a": torch.ones(2, 4)}, batch_size=[2, 4]),
+    ):
+        fast, slow = base.clone(), base.clone()
+        update_checked(fast, update)
+        slow.update(update)
+        assert set(fast.keys(True, True)) == set(slow.keys(True, True))
+        for key in slow.keys(True, True):
+            assert torch.equal(fast[key], slow[key])

@@ -270,6 +270,9 @@ class TensorDictPrimer(Transform):
         if self.reset_key != RESET_KEY or self.random:
             return False
         batch_size = tensordict_reset.batch_size
+        # get(str) of a plain TensorDict is a lookup in its dict; one mask view per ndim
+        entries = tensordict._tensordict if type(tensordict) is TensorDict else None
+        views: dict[int, torch.Tensor] = {}
         for key, spec in self._leaves(batch_size, self._device(tensordict_reset)):
             fill = self._fill_value(key)
             if not isinstance(key, str) or fill is None:
@@ -277,10 +280,13 @@ class TensorDictPrimer(Transform):
             if mask is None:
                 new[key] = self._fresh(key, spec, None)
                 continue
-            current = tensordict.get(key, None)
+            current = entries.get(key) if entries is not None else tensordict.get(key, None)
             if not _same_layout(current, spec, mask):
                 return False  # _reset's general case
-            view = mask.reshape(*mask.shape, *[1] * (current.ndim - mask.ndim))
+            view = views.get(current.ndim)
+            if view is None:
+                view = mask.reshape(*mask.shape, *[1] * (current.ndim - mask.ndim))
+                views[current.ndim] = view
             new[key] = current.masked_fill(view, fill)
         return True
 

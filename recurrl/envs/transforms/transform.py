@@ -147,8 +147,9 @@ class Transform(nn.Module):
         mask: Any,
     ) -> bool:
         """:meth:`_reset` writing into ``new``: ``mask`` is ``None`` for a reset of every
-        env (``tensordict`` then has no ``"_reset"``), else the ``[*B]`` bool mask of a
-        partial reset (some but not all envs). Default: no fused form."""
+        env, else the ``[*B]`` bool mask of a partial reset (some but not all envs), which
+        is read from ``mask`` only: ``tensordict`` holds the current values and may lack
+        ``"_reset"``. Default: no fused form."""
         return False
 
     # --- spec hooks (Composite in, Composite out) ----------------------------------------
