@@ -9,6 +9,8 @@ mid-episode, as in the flat output of ``SliceSampler``). The reference is plain
 says what honouring resets, the TensorDict plumbing and the backend cost on top of the fused
 torch kernel.
 
+Backends: pad, scan, auto, and cpp where a C++ compiler can build its kernels.
+
 Run: ``python benchmarks/recurrent_mode.py [--threads N] [--cpu-time] [--hidden H ...] [--steps T]``
 """
 
@@ -25,6 +27,7 @@ from tensordict import TensorDict
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import compare
 
+from recurrl._ext import extension_unavailable_reason
 from recurrl.functional.recurrent import RNNConfig
 from recurrl.functional.recurrent.pad.flush import flush_unroll
 from recurrl.functional.recurrent.pad.frozen import frozen_unroll
@@ -55,6 +58,11 @@ def make_batch(kind: str, hidden: int, mean_episode: int | None, restart: str) -
 CASES = [(None, "random"), (16, "zero"), (16, "random"), (4, "zero"), (4, "random")]
 
 
+def backends() -> tuple[str, ...]:
+    """The backends timed: ``cpp`` too where its C++ kernels can be built."""
+    return ("pad", "scan", "auto") + (("cpp",) if extension_unavailable_reason() is None else ())
+
+
 def run(hidden_sizes: list[int], rounds: int, clock=time.perf_counter) -> list[str]:
     rows = []
     for kind in ("lstm", "gru"):
@@ -72,7 +80,7 @@ def run(hidden_sizes: list[int], rounds: int, clock=time.perf_counter) -> list[s
                     in_keys=["obs", *states],
                     out_keys=["out", *(("next", s) for s in states)],
                 )
-                for backend in ("pad", "scan", "auto")
+                for backend in backends()
             }
             plain = plain_cls(F, hidden, batch_first=True)
             x = torch.randn(B, T, F, requires_grad=True)
@@ -166,8 +174,9 @@ def main() -> None:
     parser.add_argument(
         "--cpu-time",
         action="store_true",
-        help="time the CPU time of the calling thread instead of wall time (with --threads 1: "
-        "steadier on a shared machine, where other processes take the core away)",
+        help="time CPU time instead of wall time: of the calling thread with --threads 1 "
+        "(steadier on a shared machine, where other processes take the core away), of the "
+        "whole process with more threads (which also counts OpenMP's waiting spins)",
     )
     parser.add_argument(
         "--layouts",
@@ -178,10 +187,10 @@ def main() -> None:
     T = args.steps
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.cpu_time and torch.get_num_threads() != 1:
-        parser.error("--cpu-time counts the calling thread only: use it with --threads 1")
     print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, B={B} T={T} F={F}")
-    clock = time.thread_time if args.cpu_time else time.perf_counter
+    clock = time.perf_counter
+    if args.cpu_time:
+        clock = time.thread_time if torch.get_num_threads() == 1 else time.process_time
     if args.layouts:
         run_layouts(args.hidden, args.rounds, clock)
     else:

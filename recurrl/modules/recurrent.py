@@ -108,12 +108,15 @@ class RecurrentModule(CheckedReaders, TensorDictModuleBase):
             (works under ``torch.vmap``/``torch.compile``). Default: False.
         recurrent_backend: how recurrent mode handles resets: ``"pad"`` (split at resets, run
             torch's fused kernel on the pieces), ``"scan"`` (time loop with ``where``),
-            ``"triton"`` (GPU kernel) or ``"auto"`` (the fastest for the input; see
-            ``docs/implementation_details.md``). All give the same numbers. Default: "pad".
+            ``"triton"`` (GPU kernel), ``"cpp"`` (scan's loop in C++ on CPU, compiled on
+            first use; opt-in) or ``"auto"`` (the fastest for the input among pad, scan and
+            triton; see ``docs/implementation_details.md``). All give the same numbers up to
+            float rounding. Default: "pad".
         recurrent_compute_dtype: dtype of the ``triton`` backend's recurrent matmul
             (``torch.float32`` or ``torch.bfloat16``). Default: ``torch.float32``.
         recurrent_recompute: ``"none"`` or ``"full"`` (recompute activations in backward;
-            with ``"scan"`` or ``"triton"``: ``"pad"`` and ``"auto"`` raise). Default: "none".
+            with ``"scan"``, ``"triton"`` or ``"cpp"``: ``"pad"`` and ``"auto"`` raise).
+            Default: "none".
         recurrent_matmul_precision: precision of the ``triton`` backend's matmul:
             ``"ieee"``, ``"tf32"``, ``"tf32x3"``, ``"fast"``, ``"high-prec"`` or ``"auto"``.
             Default: "auto".

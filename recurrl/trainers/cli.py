@@ -121,11 +121,14 @@ def _add_fields(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``recurrl`` argument parser (``train``, ``eval`` and ``sweep`` subcommands)."""
+    """The ``recurrl`` argument parser (``train``, ``eval``, ``sweep`` and ``build-ext``
+    subcommands)."""
     parser = argparse.ArgumentParser(
         prog="recurrl", description="Train and evaluate recurrent RL policies."
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,sweep}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{train,eval,sweep,build-ext}"
+    )
     train = sub.add_parser(
         "train",
         help="train a policy (default: PPO + LSTM on CartPole-masked; --algo dqn for DQN)",
@@ -162,7 +165,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--sample", action="store_true", help="sample actions instead of the most likely one"
     )
     add_sweep_parser(sub)
+    ext = sub.add_parser(
+        "build-ext",
+        help="compile the C++ kernels of --recurrent-backend cpp ahead of time",
+        description="Compile recurrl's C++ kernels (otherwise compiled on first use, ~1 min) "
+        "and print where they are cached ($RECURRL_EXT_DIR to choose).",
+    )
+    ext.add_argument("--verbose", action="store_true", help="show the compiler's commands")
     return parser
+
+
+def _build_ext(args: argparse.Namespace) -> int:
+    from recurrl._ext.__main__ import main as build
+
+    return build(["--verbose"] if args.verbose else [])
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -537,6 +553,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with signals.installed(), _plain_warnings(f"recurrl {args.command}"):
             if args.command == "sweep":
                 return run_sweep(args, train_argv)
+            if args.command == "build-ext":
+                return _build_ext(args)
             return _train(args, signals) if args.command == "train" else _eval(args)
     except UsageError as err:
         print(f"recurrl {args.command}: error: {' '.join(str(err).split())}", file=sys.stderr)

@@ -188,13 +188,14 @@ class ModelConfig:
     """Continuous (Box) actions, PPO only: the policy is a Gaussian squashed by tanh into the
     action bounds; its standard deviation is one learned parameter per action entry
     (parameter) or an output of the actor's head for every state (state)."""
-    recurrent_backend: Literal["auto", "pad", "scan", "assoc"] = "auto"
+    recurrent_backend: Literal["auto", "pad", "scan", "assoc", "cpp"] = "auto"
     """How the recurrent trunk runs a sequence with resets in training: pad (split at resets,
     torch's fused kernel), scan (time loop), assoc (parallel scan, linear cells: mingru and
-    lru only), or auto (the faster for the input: pad for the LSTM and scan for the GRU on
-    CPU; on CUDA triton for batches of >= 64 rows with restarts when triton is installed,
-    else pad; assoc for mingru and lru). All give the same numbers up to float
-    rounding (the default recipes hold under both, see benchmarks/learning/README.md), so a
+    lru only), cpp (scan's loop in C++ on CPU, compiled on first use; opt-in, `recurrl
+    build-ext` compiles ahead of time), or auto (the faster for the input: pad for the LSTM
+    and scan for the GRU on CPU; on CUDA triton for batches of >= 64 rows with restarts when
+    triton is installed, else pad; assoc for mingru and lru). All give the same numbers up to
+    float rounding (the default recipes hold under both, see benchmarks/learning/README.md), so a
     resumed run may change it."""
 
     def __post_init__(self) -> None:
@@ -210,10 +211,10 @@ class ModelConfig:
                 f"ModelConfig: action_std must be 'parameter' or 'state', received "
                 f"{self.action_std!r}. Fix: --action-std parameter."
             )
-        if self.recurrent_backend not in ("auto", "pad", "scan", "assoc"):
+        if self.recurrent_backend not in ("auto", "pad", "scan", "assoc", "cpp"):
             raise ValueError(
-                f"ModelConfig: recurrent_backend must be 'auto', 'pad', 'scan' or 'assoc', "
-                f"received {self.recurrent_backend!r}."
+                f"ModelConfig: recurrent_backend must be 'auto', 'pad', 'scan', 'assoc' or "
+                f"'cpp', received {self.recurrent_backend!r}."
             )
         if self.recurrent_backend == "assoc" and self.memory not in ("mingru", "lru"):
             raise ValueError(

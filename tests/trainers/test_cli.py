@@ -445,3 +445,16 @@ def test_default_run_dir_names_hold_no_path_separators_or_colons():
         cfg.env.env = env  # set after validation: only the name is under test
         name = Path(_default_run_dir(cfg)).name
         assert ":" not in name and "/" not in name and "-s3-" in name
+
+
+def test_build_ext_compiles_the_cpp_kernels_ahead_of_time(capsys):
+    from recurrl._ext import extension_unavailable_reason
+
+    reason = extension_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"recurrl's C++ kernels cannot be built here: {reason}")
+    assert main(["build-ext"]) == 0
+    assert "built and loaded from" in capsys.readouterr().out
+    from recurrl.trainers.config import ModelConfig
+
+    assert ModelConfig(recurrent_backend="cpp").recurrent_backend == "cpp"

@@ -194,7 +194,7 @@ def test_resumable_fields_exist_and_conflicts_name_the_others():
 def test_recurrent_backend_is_checked_and_may_change_on_resume():
     assert ModelConfig().recurrent_backend == "auto"
     assert ModelConfig(recurrent_backend="scan").recurrent_backend == "scan"
-    expected = "recurrent_backend must be 'auto', 'pad', 'scan' or 'assoc'"
+    expected = "recurrent_backend must be 'auto', 'pad', 'scan', 'assoc' or 'cpp'"
     with pytest.raises(ValueError, match=expected):
         ModelConfig(recurrent_backend="triton")
     assert "model.recurrent_backend" in RESUMABLE  # every backend computes the same

@@ -11,7 +11,9 @@ Semantics shared by every backend (the recurrent-mode contract of recurrl):
 Backends (:data:`RECURRENT_BACKEND_REGISTRY`): ``"pad"`` (split at resets, torch's fused
 kernels), ``"scan"`` (time loop with ``where``), ``"triton"`` (GPU kernel; see
 :func:`triton_unavailable_reason`), ``"assoc"`` (reset-aware parallel scan, linear-recurrent
-cells only) and ``"auto"``, which picks one. Cells
+cells only), ``"cpp"`` (scan's fused loops in C++, CPU, compiled on first use; opt-in, see
+:mod:`~recurrl.functional.recurrent.cpp`) and ``"auto"``, which picks one of pad, scan,
+triton and assoc. Cells
 (:mod:`~recurrl.functional.recurrent.cell`): ``"lstm"``, ``"gru"``, ``"mingru"``
 (:mod:`~recurrl.functional.recurrent.linear_cells`), ``"lru"``
 (:mod:`~recurrl.functional.recurrent.lru`) and any registered kind; each backend
@@ -38,6 +40,7 @@ from recurrl.functional.recurrent.cell import (
     register_cell_kind,
 )
 from recurrl.functional.recurrent.config import LayerWeights, RNNConfig
+from recurrl.functional.recurrent.cpp import cpp_check, cpp_refuses, cpp_unroll
 from recurrl.functional.recurrent.linear_cells import LinearCellKind
 from recurrl.functional.recurrent.lru import LRUKind  # registers "lru"
 from recurrl.functional.recurrent.pad import Runner, fused_runner, pad_unroll
@@ -81,10 +84,10 @@ __all__ = [
     "triton_unavailable_reason",
 ]
 
-RecurrentBackendName = Literal["pad", "scan", "triton", "assoc", "auto"]
+RecurrentBackendName = Literal["pad", "scan", "triton", "assoc", "cpp", "auto"]
 RecurrentRecompute = Literal["none", "full"]
 #: The built-in backend names (``"auto"`` picks one of the others).
-RECURRENT_BACKENDS: tuple[str, ...] = ("pad", "scan", "triton", "assoc", "auto")
+RECURRENT_BACKENDS: tuple[str, ...] = ("pad", "scan", "triton", "assoc", "cpp", "auto")
 #: The ``recurrent_recompute`` values: ``"none"`` keeps the unroll's activations for the
 #: backward pass, ``"full"`` recomputes them there (less memory; not every backend can).
 RECURRENT_RECOMPUTE: tuple[str, ...] = ("none", "full")
@@ -96,9 +99,11 @@ class RecurrentOptions:
     """How recurrent mode runs, validated once and forwarded unchanged by the modules.
 
     Attributes:
-        backend: ``"pad"``, ``"scan"``, ``"triton"``, ``"auto"`` or a registered backend.
+        backend: ``"pad"``, ``"scan"``, ``"triton"``, ``"assoc"``, ``"cpp"`` (the scan
+            loops in C++ on CPU, compiled on first use; never picked by ``"auto"``),
+            ``"auto"`` or a registered backend.
         recompute: ``"none"``, or ``"full"`` (recompute activations in backward;
-            ``scan``/``triton``).
+            ``scan``/``triton``/``assoc``/``cpp``).
         compute_dtype: for ``triton``, the dtype of the recurrent matmul's operands
             (``torch.float32`` or ``torch.bfloat16``); other backends ignore it.
         matmul_precision: for ``triton``, a :mod:`recurrl.functional.precision` mode for
@@ -486,6 +491,13 @@ def _triton(cfg, flat_weights, x, states, is_init, options, *, training, python_
     )  # fmt: skip
 
 
+def _cpp(cfg, flat_weights, x, states, is_init, options, *, training, python_based, runner):
+    return cpp_unroll(
+        cfg, flat_weights, x, states, is_init, training=training,
+        recompute=options.recompute == "full",
+    )  # fmt: skip
+
+
 def _triton_refuses(kind: CellKind, python_based: bool) -> str | None:
     if kind.name in TRITON_CELLS:
         return None
@@ -517,4 +529,5 @@ register_recurrent_backend(
     RecurrentBackend("triton", _triton, _triton_refuses, check=_triton_check)
 )
 register_recurrent_backend(RecurrentBackend("assoc", _assoc, assoc_refuses))
+register_recurrent_backend(RecurrentBackend("cpp", _cpp, cpp_refuses, check=cpp_check))
 _DEFAULT_OPTIONS = RecurrentOptions()

@@ -198,7 +198,7 @@ def test_check_recurrent_options_accepts_valid_combinations():
         if backend == "pad" and recompute == "full":
             continue
         check_recurrent_options(backend, recompute, python_based=python_based)
-    assert set(RECURRENT_BACKENDS) == {"pad", "scan", "triton", "assoc", "auto"}
+    assert set(RECURRENT_BACKENDS) == {"pad", "scan", "triton", "assoc", "cpp", "auto"}
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,148 @@
+"""recurrl's C++ kernels, compiled just in time on first use and cached.
+
+Every ``csrc/*.cpp`` file registers its operators with ``TORCH_LIBRARY_FRAGMENT(recurrl, m)``;
+:func:`load_extension` compiles them all into one shared library with
+:func:`torch.utils.cpp_extension.load` (needs a C++ compiler and ``ninja``), after which they
+are ``torch.ops.recurrl.<name>``. The build directory is ``$RECURRL_EXT_DIR`` when set, else
+``~/.cache/recurrl/ext/<torch version>-<hash of the sources>``: a change of torch or of the
+sources builds afresh, anything else reuses the library. ``python -m recurrl._ext`` (or
+``recurrl build-ext``) compiles ahead of time.
+
+Examples:
+    >>> from recurrl._ext import extension_unavailable_reason
+    >>> reason = extension_unavailable_reason()  # None where a compiler and ninja are found
+    >>> reason is None or "compiler" in reason or "ninja" in reason
+    True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "EXTENSION_NAME",
+    "build_directory",
+    "extension_loaded",
+    "extension_unavailable_reason",
+    "load_extension",
+    "source_files",
+]
+
+#: The name of the compiled library (and of torch's extension).
+EXTENSION_NAME = "recurrl_ext"
+_CSRC = Path(__file__).resolve().parent / "csrc"
+_TAIL = 4000  # characters of the compiler's output kept in an error
+_lock = threading.Lock()
+_loaded = False
+
+
+def source_files() -> list[Path]:
+    """The C++ sources compiled into the extension (``csrc/*.cpp``, sorted)."""
+    return sorted(_CSRC.glob("*.cpp"))
+
+
+def _sources_hash(sources: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in sources:
+        digest.update(path.name.encode())
+        digest.update(b"\0")
+        digest.update(path.read_bytes())
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def build_directory(sources: list[Path] | None = None) -> Path:
+    """Where the extension is built: ``$RECURRL_EXT_DIR``, else
+    ``~/.cache/recurrl/ext/<torch version>-<hash of the sources>``."""
+    env = os.environ.get("RECURRL_EXT_DIR")
+    if env:
+        return Path(env).expanduser()
+    sources = source_files() if sources is None else sources
+    version = torch.__version__.replace("+", "_")
+    return Path.home() / ".cache" / "recurrl" / "ext" / f"{version}-{_sources_hash(sources)}"
+
+
+def _compiler() -> str | None:
+    cxx = os.environ.get("CXX")
+    if cxx:
+        return shutil.which(cxx)
+    return shutil.which("c++") or shutil.which("g++")
+
+
+def extension_unavailable_reason() -> str | None:
+    """``None`` when the extension can be built here (a C++ compiler and ``ninja`` on
+    ``PATH``), else why not. Cheap: it looks the programs up, compiles nothing."""
+    if _loaded:
+        return None
+    if _compiler() is None:
+        which = f"$CXX={os.environ['CXX']!r}" if os.environ.get("CXX") else "g++/c++"
+        return f"no C++ compiler ({which}) on PATH"
+    if shutil.which("ninja") is None:
+        return "no ninja on PATH (pip install ninja)"
+    if not source_files():
+        return f"no C++ sources in {_CSRC} (an incomplete installation)"
+    return None
+
+
+def extension_loaded() -> bool:
+    """Whether :func:`load_extension` has run in this process."""
+    return _loaded
+
+
+def load_extension(verbose: bool = False) -> None:
+    """Compile (first time only) and load the extension: its operators become
+    ``torch.ops.recurrl.<name>``. Idempotent and safe across threads and processes (torch's
+    build takes a file lock in the build directory).
+
+    Raises:
+        RuntimeError: the extension cannot be built (no compiler or ``ninja``) or its build
+            failed; the message has the compiler's output.
+    """
+    global _loaded
+    if _loaded:
+        return
+    with _lock:
+        if _loaded:
+            return
+        reason = extension_unavailable_reason()
+        if reason is not None:
+            raise RuntimeError(
+                f"recurrl's C++ kernels cannot be built: expected a C++ compiler and ninja, "
+                f"received: {reason}. Fix: install a C++ compiler (e.g. g++) and ninja, or use "
+                f"recurrent_backend='pad'/'scan'."
+            )
+        sources = source_files()
+        directory = build_directory(sources)
+        directory.mkdir(parents=True, exist_ok=True)
+        if not (directory / f"{EXTENSION_NAME}.so").exists():
+            print("recurrl: compiling its C++ kernels (once, ~1 min)...", file=sys.stderr)
+        from torch.utils.cpp_extension import load
+
+        try:
+            load(
+                name=EXTENSION_NAME,
+                sources=[str(s) for s in sources],
+                extra_cflags=["-O3"],
+                is_python_module=False,
+                build_directory=str(directory),
+                verbose=verbose,
+            )
+        except Exception as exc:  # the build's own error carries the compiler output
+            text = str(exc)
+            tail = text[-_TAIL:]
+            raise RuntimeError(
+                f"recurrl's C++ kernels failed to build in {directory}: expected a working "
+                f"C++ toolchain for torch {torch.__version__}, received "
+                f"{type(exc).__name__}. Fix: install a C++ compiler compatible with torch "
+                f"(and python headers), remove {directory} and retry with "
+                f"`python -m recurrl._ext --verbose`, or use recurrent_backend='pad'/'scan'. "
+                f"Compiler output (tail):\n{tail}"
+            ) from exc
+        _loaded = True

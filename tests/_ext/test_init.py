@@ -1,0 +1,82 @@
+"""The C++ extension loader: availability, the build directory, errors, the AOT command."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from recurrl import _ext
+from recurrl._ext import __main__ as ext_main
+
+
+def test_unavailable_reason_names_the_missing_program(monkeypatch):
+    monkeypatch.setattr(_ext, "_loaded", False)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(_ext.shutil, "which", lambda name: None)
+    assert _ext.extension_unavailable_reason() == "no C++ compiler (g++/c++) on PATH"
+    monkeypatch.setattr(_ext.shutil, "which", lambda name: None if name == "ninja" else name)
+    assert "ninja" in _ext.extension_unavailable_reason()
+    monkeypatch.setenv("CXX", "my-cxx")
+    monkeypatch.setattr(_ext.shutil, "which", lambda name: None)
+    assert "$CXX='my-cxx'" in _ext.extension_unavailable_reason()
+
+
+def test_load_without_compiler_says_what_to_do(monkeypatch):
+    monkeypatch.setattr(_ext, "_loaded", False)
+    monkeypatch.setattr(_ext, "extension_unavailable_reason", lambda: "no C++ compiler (g++/c++)")
+    with pytest.raises(RuntimeError, match=r"expected a C\+\+ compiler.*received: no C\+\+.*Fix"):
+        _ext.load_extension()
+    assert ext_main.main([]) == 1
+
+
+def test_build_directory_follows_the_sources(tmp_path, monkeypatch):
+    monkeypatch.delenv("RECURRL_EXT_DIR", raising=False)
+    src = tmp_path / "a.cpp"
+    src.write_text("int a;")
+    first = _ext.build_directory([src])
+    assert first == _ext.build_directory([src])
+    assert first.parent == _ext.Path.home() / ".cache" / "recurrl" / "ext"
+    assert first.name.startswith(torch.__version__.replace("+", "_"))
+    src.write_text("int b;")
+    assert _ext.build_directory([src]) != first
+    monkeypatch.setenv("RECURRL_EXT_DIR", str(tmp_path / "here"))
+    assert _ext.build_directory([src]) == tmp_path / "here"
+
+
+def test_sources_are_every_cpp_file_sorted():
+    sources = _ext.source_files()
+    assert sources == sorted(sources)
+    assert any(s.name == "rnn.cpp" for s in sources)
+
+
+def test_build_failure_carries_the_compiler_output(tmp_path, monkeypatch, capsys):
+    import torch.utils.cpp_extension as cpp_extension
+
+    def failing_load(**kwargs):
+        assert kwargs["extra_cflags"] == ["-O3"] and kwargs["is_python_module"] is False
+        raise RuntimeError("Error building extension 'recurrl_ext':\nrnn.cpp:1: error: boom")
+
+    monkeypatch.setattr(_ext, "_loaded", False)
+    monkeypatch.setattr(_ext, "extension_unavailable_reason", lambda: None)
+    monkeypatch.setenv("RECURRL_EXT_DIR", str(tmp_path / "build"))
+    monkeypatch.setattr(cpp_extension, "load", failing_load)
+    with pytest.raises(RuntimeError) as info:
+        _ext.load_extension()
+    message = str(info.value)
+    assert "expected a working C++ toolchain" in message and "received RuntimeError" in message
+    assert "Fix:" in message and "rnn.cpp:1: error: boom" in message
+    assert "compiling its C++ kernels" in capsys.readouterr().err
+    assert not _ext.extension_loaded()
+
+
+def test_load_registers_the_ops(capsys):
+    reason = _ext.extension_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"recurrl's C++ kernels cannot be built here: {reason}")
+    _ext.load_extension()
+    _ext.load_extension()  # idempotent
+    assert _ext.extension_loaded()
+    assert hasattr(torch.ops.recurrl, "lstm_scan_forward")
+    assert hasattr(torch.ops.recurrl, "gru_scan_backward")
+    assert ext_main.main([]) == 0
+    assert "built and loaded from" in capsys.readouterr().out
