@@ -725,3 +725,93 @@ def test_batches_equal_the_public_methods_loop(case):
             assert torch.equal(x, y), key
     collector.shutdown()
     env_b.close()
+
+
+# --- stack_plain against torch.stack ------------------------------------------------------
+def _random_steps(rng, n_steps):
+    """Step TensorDicts of one random layout, with now and then a step that differs (key
+    order, a key, dtype, shape, names, lock, a non-plain TensorDict, a sub-TensorDict with
+    more dims)."""
+    from tensordict import LazyStackedTensorDict
+
+    batch = rng.choice([(), (2,), (3, 2)])
+    device = rng.choice([None, torch.device("cpu")])
+    keys = rng.sample(["a", "b", "c", "d"], rng.randint(1, 4))
+    nested = rng.random() < 0.6
+
+    def step(t):
+        entries = {k: torch.full((*batch, 2), float(t)) for k in keys}
+        if nested:
+            entries["next"] = {"x": torch.full((*batch, 1), t, dtype=torch.int64)}
+        return TensorDict(entries, batch_size=batch, device=device)
+
+    steps = [step(t) for t in range(n_steps)]
+    odd = rng.choice(["none", "none", "order", "key", "dtype", "shape", "names", "lock",
+                      "lazy", "subdims"])  # fmt: skip
+    i = rng.randrange(n_steps)
+    td = steps[i]
+    if odd == "order":
+        steps[i] = TensorDict(dict(reversed(list(td.items()))), batch, device=device)
+    elif odd == "key":
+        td.set("extra", torch.zeros(*batch, 1))
+    elif odd == "dtype":
+        td.set(keys[0], td.get(keys[0]).double())
+    elif odd == "shape":
+        td.set(keys[0], torch.zeros(*batch, 3))
+    elif odd == "names" and batch:
+        for s in steps:
+            s.names = ["env", *([None] * (len(batch) - 1))]
+    elif odd == "lock":
+        td.lock_()
+    elif odd == "lazy" and batch:
+        steps[i] = LazyStackedTensorDict.lazy_stack(list(td.unbind(0)), 0)
+    elif odd == "subdims" and nested:
+        sub = TensorDict({"x": torch.zeros(*batch, 1, dtype=torch.int64)}, [*batch, 1])
+        td.set("next", sub, inplace=False)
+    return steps, len(batch)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_stack_plain_equals_torch_stack_or_declines(seed):
+    import random
+
+    from recurrl.collectors.collector import stack_plain
+
+    rng = random.Random(seed)
+    steps, ndim = _random_steps(rng, rng.choice([1, 3, 5]))
+    dim = rng.randint(0, ndim)
+    try:
+        expected = torch.stack(steps, dim)
+    except Exception:  # what does not stack must be declined
+        assert stack_plain(steps, dim) is None
+        return
+    got = stack_plain(steps, dim)
+    if got is None:
+        return  # declined: the collector stacks with torch.stack
+    assert type(got) is type(expected) is TensorDict
+    assert got.batch_size == expected.batch_size and got.device == expected.device
+    assert got.names == expected.names and not got.is_locked
+    assert list(got.keys(True)) == list(expected.keys(True))
+    for key in expected.keys(True):
+        a, e = got.get(key), expected.get(key)
+        if isinstance(e, TensorDict):
+            assert a.batch_size == e.batch_size and a.device == e.device, key
+            continue
+        assert a.dtype == e.dtype and a.shape == e.shape and torch.equal(a, e), key
+
+
+def test_stack_plain_takes_the_collectors_steps():
+    """The collector's own steps take the lean stack (not a silent fallback)."""
+    from recurrl.collectors.collector import stack_plain
+
+    taken = []
+    _, collector, _ = collect(0)
+    original = collector._stack
+
+    def spy(steps, ids):
+        taken.append(stack_plain(steps, collector._time_dim) is not None)
+        return original(steps, ids)
+
+    collector._stack = spy
+    collector.rollout()
+    assert taken and all(taken)
