@@ -15,7 +15,7 @@ from torch import nn
 from recurrl.collectors._policy_plan import plan_policy
 from recurrl.collectors._wiring import MissingPolicyTransformsError, register_policy_transforms
 from recurrl.envs import EnvBase
-from recurrl.envs.utils import tensordict_of_checked
+from recurrl.envs.utils import count_true, tensordict_of_checked
 from recurrl.modules import set_recurrent_mode
 
 __all__ = ["Collector", "MissingPolicyTransformsError"]
@@ -262,7 +262,7 @@ class Collector:
         """Give a new trajectory id to every env flagged in ``starts`` (``[*B]`` bool);
         ``count``, when known, is ``int(starts.sum())`` (saves a host read)."""
         if count is None:
-            count = int(starts.sum())
+            count = count_true(starts)
         ids = torch.arange(self._next_traj_id, self._next_traj_id + count, device=starts.device)
         if self.traj_id_stride != 1 or self.traj_id_offset:
             ids = ids * self.traj_id_stride + self.traj_id_offset
@@ -318,10 +318,10 @@ class Collector:
                 ids.append(self._traj_ids)
                 done = plan.done(td)
                 root = plan.next_root(td)
-                if bool(done.any()):
-                    # As env.rollout does: reset the finished envs; they get new ids. One
-                    # host read of how many serves the reset and the ids.
-                    count = int(done.sum())
+                # As env.rollout does: reset the finished envs; they get new ids. One host
+                # read of how many serves the question, the reset and the ids.
+                count = count_true(done)
+                if count:
                     root = plan.reset(root, done, count)
                     self._new_ids(done, count)
                 if len(steps) == _CHUNK_STEPS:

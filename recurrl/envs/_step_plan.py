@@ -26,6 +26,7 @@ from tensordict import NestedKey, TensorDict, TensorDictBase
 
 from recurrl.envs.utils import (
     RESET_KEY,
+    count_true,
     merge_reset,
     prime_reset_mask,
     set_next,
@@ -245,7 +246,7 @@ class StepPlan:
             root.update(out)
             return root
         if count is None:
-            count = int(done.sum())
+            count = count_true(done)
         if not count:
             return root
         full = count == done.numel()
@@ -299,8 +300,9 @@ class StepPlan:
         tensordict = self.step(tensordict)
         root = self.next_root(tensordict)
         done = self.done(tensordict)
-        if bool(done.any()):
-            root = self.reset(root, done)
+        count = count_true(done)
+        if count:
+            root = self.reset(root, done, count)
         return tensordict, root
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 from operator import methodcaller
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 from torch import Tensor
@@ -152,6 +153,14 @@ def _read(
     return x, is_init, states
 
 
+def _any_on_cpu(mask: Tensor) -> bool:
+    """``bool(mask.any())`` for a bool CPU tensor, read without torch ops: ``item()`` of a
+    single flag, numpy's count of more (``any()`` and its host read cost several µs)."""
+    if mask.numel() == 1:
+        return mask.item()
+    return bool(np.count_nonzero(mask.numpy()))
+
+
 def _one_layer(
     plan: StepPlan, weights: list[Tensor], x: Tensor, is_init: Tensor, states: list[Tensor],
     shapes: tuple[Any, ...],
@@ -168,7 +177,7 @@ def _one_layer(
         states = [s.reshape(n, shape[-1]) for s, shape in zip(states, state_shapes)]
     # skipping the reset when nothing restarts is free on CPU only (elsewhere the question
     # costs a device synchronisation), as in the checked path
-    if not mask.is_cpu or bool(mask.any()):
+    if not mask.is_cpu or _any_on_cpu(mask):
         states = list(map(methodcaller("masked_fill", mask, 0), states))
     # single_layer_step, inlined
     new = plan.kind.fused_cell(x, states, weights[: plan.params]) if plan.fused else None
@@ -189,7 +198,7 @@ def _layers(
     if not flat:
         x = x.reshape(n, x.shape[-1])
         states = [s.reshape(n, *shape[-2:]) for s, shape in zip(states, state_shapes)]
-    if not is_init.is_cpu or bool(is_init.any()):
+    if not is_init.is_cpu or _any_on_cpu(is_init):
         reset = is_init.reshape(n, 1, 1)
         states = [s.masked_fill(reset, 0) for s in states]
     y, new = recurrent_step(

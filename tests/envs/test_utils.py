@@ -5,6 +5,7 @@ import torch
 from tensordict import TensorDict
 
 from recurrl.envs.utils import (
+    count_true,
     get_reset_mask,
     merge_reset,
     prime_reset_mask,
@@ -298,3 +299,16 @@ def test_update_checked_equals_update():
         assert set(fast.keys(True, True)) == set(slow.keys(True, True))
         for key in slow.keys(True, True):
             assert torch.equal(fast[key], slow[key])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_count_true_equals_sum(seed):
+    gen = torch.Generator().manual_seed(seed)
+    shape = [(), (1,), (1, 1), (8,), (3, 2), (4, 3)][seed % 6]
+    mask = torch.rand(shape, generator=gen) < 0.5
+    views = [mask]
+    if mask.ndim == 2:
+        views += [mask.t(), mask[:, ::2]]  # non-contiguous views
+    for view in views:
+        assert count_true(view) == int(view.sum())
+        assert count_true(view.to(torch.int64)) == int(view.sum())  # not bool: sum()

@@ -323,3 +323,12 @@ def test_new_next_entry_is_built_like_set(layout):
     a, b = fast.get("next"), slow.get("next")
     assert (a.batch_size, a.device, a.names) == (b.batch_size, b.device, b.names)
     assert list(a.keys()) == list(b.keys())
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_any_on_cpu_equals_any(seed):
+    gen = torch.Generator().manual_seed(seed)
+    shape = [(1, 1), (1,), (5, 1), (3, 4), (2, 3, 1)][seed % 5]
+    mask = torch.rand(shape, generator=gen) < 0.3 * (seed % 3)
+    for view in (mask, mask.transpose(0, -1)):
+        assert fast_step_module._any_on_cpu(view) == bool(view.any())
