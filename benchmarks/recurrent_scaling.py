@@ -13,6 +13,9 @@ first step (a replayed slice). Candidates:
   loop: the sequential baseline);
 * ``lru/assoc``: the LRU through the ``assoc`` backend (a complex chunked scan; what
   ``auto`` picks for it), its state ``[Re h | Im h]`` random at row starts as the others';
+* ``mingru/cpp`` and ``lru/cpp``: the same cells through the ``cpp`` backend (sequential
+  C++ loops, ``recurrl/_ext/csrc/linear_scan.cpp``: one fused pass forward and one
+  backward); CPU only, left out where no C++ toolchain is found;
 * ``lstm/pad`` and ``gru/pad``: torch's fused LSTM/GRU on the pieces between resets (what
   ``auto`` picks for the LSTM on CPU); ``gru/scan``: the GRU's hand-written fused loop (what
   ``auto`` picks for the GRU on CPU).
@@ -44,6 +47,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import compare
 
+from recurrl._ext import extension_unavailable_reason
 from recurrl.functional.recurrent import RNNConfig, recurrent_unroll
 from recurrl.functional.recurrent.linear_cells import MinGRU
 from recurrl.functional.recurrent.lru import LRU
@@ -53,12 +57,15 @@ CANDIDATES = {
     "mingru/assoc": ("mingru", "assoc"),
     "mingru/scan": ("mingru", "scan"),
     "lru/assoc": ("lru", "assoc"),
+    "mingru/cpp": ("mingru", "cpp"),
+    "lru/cpp": ("lru", "cpp"),
     "lstm/pad": ("lstm", "pad"),
     "gru/pad": ("gru", "pad"),
     "gru/scan": ("gru", "scan"),
 }
 CUDA_CANDIDATES = {"lstm/triton": ("lstm", "triton"), "gru/triton": ("gru", "triton")}
 NETWORKS = {"mingru": MinGRU, "lru": LRU, "lstm": torch.nn.LSTM, "gru": torch.nn.GRU}
+RATIOS = ("mingru/assoc", "mingru/cpp")  # lstm/pad over each
 
 
 def make_batch(steps: int, mean_episode: int = 64, seed: int = 0):
@@ -123,8 +130,12 @@ def run(
     candidates = dict(CANDIDATES)
     if device.startswith("cuda"):
         candidates.update(CUDA_CANDIDATES)
+    if device.startswith("cuda") or extension_unavailable_reason() is not None:
+        candidates = {k: v for k, v in candidates.items() if v[1] != "cpp"}
     names = list(candidates)
-    print(f"{'T':>5}  " + "  ".join(f"{n:>13}" for n in names) + "   lstm/pad / mingru/assoc")
+    ratios = [r for r in RATIOS if r in candidates]
+    print(f"{'T':>5}  " + "  ".join(f"{n:>13}" for n in names)
+          + "   lstm/pad over " + ", ".join(ratios))  # fmt: skip
     for steps in steps_list:
         fns, mem, peak = {}, {}, {}
         for name, (kind, backend) in candidates.items():
@@ -135,8 +146,8 @@ def run(
                 peak[name] = peak_bytes(fns[name])
         times = compare(fns, rounds=rounds, inner=inner, warmup=warmup, clock=clock)
         cells = "  ".join(f"{times[n] * 1e3:8.1f} ms   " for n in names)
-        ratio = times["lstm/pad"] / times["mingru/assoc"]
-        print(f"{steps:>5}  {cells}  {ratio:5.1f}x", flush=True)
+        ratio = "  ".join(f"{times['lstm/pad'] / times[r]:5.1f}x" for r in ratios)
+        print(f"{steps:>5}  {cells}  {ratio}", flush=True)
         print(
             f"{'':>5}  " + "  ".join(f"{mem[n] / 2**20:8.1f} MiB  " for n in names)
             + "   (saved for backward)",

@@ -41,6 +41,7 @@ from recurrl.functional.recurrent.cell import (
 )
 from recurrl.functional.recurrent.config import LayerWeights, RNNConfig
 from recurrl.functional.recurrent.cpp import cpp_check, cpp_refuses, cpp_unroll
+from recurrl.functional.recurrent.cpp_linear import CPP_LINEAR_LAYERS  # noqa: F401 (cpp layers)
 from recurrl.functional.recurrent.linear_cells import LinearCellKind
 from recurrl.functional.recurrent.lru import LRUKind  # registers "lru"
 from recurrl.functional.recurrent.pad import Runner, fused_runner, pad_unroll

@@ -1,0 +1,267 @@
+"""The C++ scans of minGRU and the LRU (``recurrl/_ext/csrc/linear_scan.cpp``) against the
+``assoc`` backend (chunked parallel scan) and the ``scan`` backend (autograd step loop):
+outputs, the states after every step, and the gradients of the inputs, the stored states
+and every weight, over random restart patterns, zero and random stored states, one and two
+layers, float32 and float64; float64 gradcheck of the ops; nothing non-finite crosses a
+restart. Skipped where no C++ toolchain is found."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from recurrl._ext import extension_unavailable_reason, load_extension
+from recurrl.functional.recurrent import (
+    RNNConfig,
+    recurrent_unroll,
+)
+from recurrl.functional.recurrent.assoc import assoc_unroll
+from recurrl.functional.recurrent.cpp import CPP_LAYERS, cpp_unroll
+from recurrl.functional.recurrent.cpp_linear import CPP_LINEAR_LAYERS, _LRUCpp, _MinGRUCpp
+from recurrl.functional.recurrent.linear_cells import MinGRU
+from recurrl.functional.recurrent.lru import LRU
+from recurrl.functional.recurrent.scan import scan_unroll
+
+F_IN, HID = 3, 5
+NETWORKS = {"mingru": MinGRU, "lru": LRU}
+
+
+@pytest.fixture(scope="session")
+def ops():
+    """The compiled ops (built once per session), or a skip saying why they cannot be."""
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler (c++) on PATH")
+    reason = extension_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"recurrl's C++ kernels cannot be built: {reason}")
+    load_extension()
+    return torch.ops.recurrl
+
+
+def _problem(kind, *, layers, dtype, resets, stored, n=3, steps=11, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    net = NETWORKS[kind](F_IN, HID, num_layers=layers).to(dtype)
+    cfg = RNNConfig(kind, F_IN, HID, layers)
+    x = torch.randn(n, steps, F_IN, generator=g, dtype=dtype)
+    if resets == "none":
+        is_init = torch.zeros(n, steps, dtype=torch.bool)
+    elif resets == "sparse":
+        is_init = torch.rand(n, steps, generator=g) < 0.2
+    else:  # every step restarts
+        is_init = torch.ones(n, steps, dtype=torch.bool)
+    states = tuple(
+        torch.randn(n, steps, layers, size, generator=g, dtype=dtype)
+        if stored == "random"
+        else torch.zeros(n, steps, layers, size, dtype=dtype)
+        for size in cfg.state_sizes
+    )
+    return net, cfg, x, states, is_init
+
+
+def _run(unroll, net, cfg, x, states, is_init):
+    """Outputs, every-step states and the gradients of (x, stored states, weights) of a
+    loss that weighs every output and every state."""
+    x = x.clone().requires_grad_(True)
+    states = tuple(s.clone().requires_grad_(True) for s in states)
+    weights = list(net.flat_weights)
+    y, new_states = unroll(cfg, weights, x, states, is_init)
+    g = torch.Generator().manual_seed(1)
+    loss = (y * torch.randn(y.shape, generator=g, dtype=y.dtype)).sum()
+    loss = loss + sum((s * torch.randn(s.shape, generator=g, dtype=s.dtype)).sum()
+                      for s in new_states)  # fmt: skip
+    wrt = [x, *states, *weights]
+    grads = torch.autograd.grad(loss, wrt, allow_unused=True)
+    grads = [torch.zeros_like(w) if d is None else d for w, d in zip(wrt, grads, strict=True)]
+    return y.detach(), [s.detach() for s in new_states], grads
+
+
+def _close(a, b, dtype):
+    if dtype == torch.float64:
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    else:  # sums over steps and rows round differently: relative to the largest entry
+        scale = max(b.abs().max().item(), 1.0)
+        torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-5 * scale)
+
+
+@pytest.mark.parametrize("kind", ["mingru", "lru"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("resets", ["none", "sparse", "every"])
+@pytest.mark.parametrize("stored", ["zero", "random"])
+def test_matches_assoc_and_scan(ops, kind, dtype, layers, resets, stored):
+    p = _problem(kind, layers=layers, dtype=dtype, resets=resets, stored=stored)
+    ours = _run(cpp_unroll, *p)
+    for other in (assoc_unroll, scan_unroll):
+        theirs = _run(other, *p)
+        _close(ours[0], theirs[0], dtype)
+        for a, b in zip(ours[1], theirs[1], strict=True):
+            _close(a, b, dtype)
+        for a, b in zip(ours[2], theirs[2], strict=True):
+            _close(a, b, dtype)
+
+
+@pytest.mark.parametrize("kind", ["mingru", "lru"])
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_the_cpp_backend_runs_the_layers(ops, kind, recompute):
+    """Registered with the ``cpp`` backend; ``recurrent_unroll(backend="cpp")`` gives the
+    numbers of ``assoc`` (states kept at the trajectory ends), also with the activations
+    recomputed in backward."""
+    assert CPP_LAYERS[kind] is CPP_LINEAR_LAYERS[kind]
+    net, cfg, x, states, is_init = _problem(kind, layers=2, dtype=torch.float64,
+                                            resets="sparse", stored="random")  # fmt: skip
+
+    def via(backend):
+        return lambda *args: recurrent_unroll(*args, backend=backend, recompute=recompute)
+
+    ours = _run(via("cpp"), net, cfg, x, states, is_init)
+    theirs = _run(via("assoc"), net, cfg, x, states, is_init)
+    for a, b in zip([ours[0], *ours[1], *ours[2]], [theirs[0], *theirs[1], *theirs[2]],
+                    strict=True):  # fmt: skip
+        _close(a, b, torch.float64)
+
+
+def _reset(steps, n, seed):
+    reset = torch.rand(steps, n, generator=torch.Generator().manual_seed(seed)) < 0.3
+    reset[0] = True
+    return reset
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_gradcheck_mingru(ops, bias):
+    steps, n, hid = 7, 3, 4
+    xp = torch.randn(steps, n, 2 * hid, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(2 * hid, dtype=torch.float64, requires_grad=True) if bias else None
+    stored = torch.randn(steps, n, hid, dtype=torch.float64, requires_grad=True)
+    reset = _reset(steps, n, 0)
+
+    def fn(xp, stored, *b):
+        return _MinGRUCpp.apply(xp, b[0] if b else None, stored, reset)
+
+    assert torch.autograd.gradcheck(fn, (xp, stored, *([b] if bias else [])))
+
+
+def test_gradcheck_lru(ops):
+    steps, n, hid = 7, 3, 4
+    dt = torch.float64
+    xp = torch.randn(steps, n, 3 * hid, dtype=dt, requires_grad=True)
+    stored = torch.randn(steps, n, 2 * hid, dtype=dt, requires_grad=True)
+    lam_re = (torch.rand(hid, dtype=dt) * 0.6).requires_grad_(True)
+    lam_im = (torch.rand(hid, dtype=dt) * 0.6).requires_grad_(True)
+    gamma = torch.rand(hid, dtype=dt, requires_grad=True)
+    w_ho = torch.randn(hid, 2 * hid, dtype=dt, requires_grad=True)
+    reset = _reset(steps, n, 1)
+
+    def fn(xp, stored, *rest):
+        return _LRUCpp.apply(xp, stored, reset, *rest)
+
+    assert torch.autograd.gradcheck(fn, (xp, stored, lam_re, lam_im, gamma, w_ho))
+
+    def only_y(*args):  # no gradient reaches h directly
+        return fn(*args)[0]
+
+    assert torch.autograd.gradcheck(only_y, (xp, stored, lam_re, lam_im, gamma, w_ho))
+
+
+@pytest.mark.parametrize("kind", ["mingru", "lru"])
+def test_gradcheck_through_the_layers(ops, kind):
+    net, cfg, x, states, is_init = _problem(kind, layers=2, dtype=torch.float64,
+                                            resets="sparse", stored="random", steps=6)  # fmt: skip
+    weights = list(net.flat_weights)
+    n_states = len(states)
+
+    def fn(x, *rest):
+        y, new = cpp_unroll(cfg, [*rest[n_states:]], x, tuple(rest[:n_states]), is_init)
+        return y, *new
+
+    inputs = (x.requires_grad_(True), *(s.requires_grad_(True) for s in states), *weights)
+    assert torch.autograd.gradcheck(fn, inputs)
+
+
+@pytest.mark.parametrize("kind", ["mingru", "lru"])
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_nothing_non_finite_crosses_a_restart(ops, kind, poison):
+    """Row 0 starts from a poisoned stored state and row 1 has a poisoned input, both before
+    a restart at step 6: every output from the restart on, and the gradients of a loss on
+    those outputs with respect to the clean trajectories' inputs and stored states, are
+    those of the clean batch (bit for bit) and finite."""
+    net, cfg, x, states, is_init = _problem(kind, layers=2, dtype=torch.float32,
+                                            resets="none", stored="random", steps=10)  # fmt: skip
+    is_init[:, 6] = True
+    bad_x, bad_states = x.clone(), tuple(s.clone() for s in states)
+    bad_states[-1][0, 0, 0, 0] = poison  # the recurrence's state
+    bad_x[1, 2, 0] = poison
+    for s in bad_states:
+        s[:, 7:] = float("nan")  # stored states that are never read
+    results = []
+    for xs, ss in ((x, states), (bad_x, bad_states)):
+        xs = xs.clone().requires_grad_(True)
+        ss = tuple(s.clone().requires_grad_(True) for s in ss)
+        y, new = cpp_unroll(cfg, list(net.flat_weights), xs, ss, is_init)
+        d_x, d_s = torch.autograd.grad(y[:, 6:].sum(), [xs, ss[-1]])
+        results.append((y.detach(), [s.detach() for s in new], d_x, d_s))
+    (y, new, d_x, d_s), (bad_y, bad_new, bad_d_x, bad_d_s) = results
+    assert not bad_y[:2, :6].isfinite().all()
+    assert torch.equal(bad_y[:, 6:], y[:, 6:])
+    for a, b in zip(bad_new, new, strict=True):
+        assert torch.equal(a[:, 6:], b[:, 6:])
+    # the clean trajectories' gradients (a poisoned one's own local derivatives may be
+    # 0 * NaN, as torch's own RNNs' are)
+    clean = torch.ones(x.shape[:2], dtype=torch.bool)
+    clean[:2, :6] = False
+    for bad, good in ((bad_d_x, d_x), (bad_d_s, d_s)):
+        assert torch.equal(bad[clean], good[clean]) and bad[clean].isfinite().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gates_over_the_whole_range(ops, dtype):
+    """The loop's sigmoid (its own vectorised exp) against torch's, from saturated to
+    near zero, a stored state of zeros and no restart but the first: ``h_0 = z h~``."""
+    k = torch.cat([torch.linspace(-800, 800, 4001, dtype=dtype),
+                   torch.tensor([0.0, -0.0, 1e-30, -1e-30], dtype=dtype)])  # fmt: skip
+    xp = torch.stack([k, torch.ones_like(k)], dim=-1).reshape(1, -1, 2)
+    h = ops.linear_mingru_forward(xp, None, torch.zeros(1, k.numel(), 1, dtype=dtype),
+                                  torch.ones(1, k.numel(), dtype=torch.bool))  # fmt: skip
+    # below the smallest normal number the loop returns about that rather than 0
+    tiny = torch.finfo(dtype).tiny
+    tol = {"rtol": 4e-7 if dtype == torch.float32 else 1e-14, "atol": 2 * tiny}
+    torch.testing.assert_close(h.flatten(), torch.sigmoid(k), **tol)
+
+
+def test_non_contiguous_inputs(ops):
+    """Inputs with other strides (a transposed stored state, a non-contiguous grad) give
+    the numbers of contiguous copies."""
+    steps, n, hid = 5, 4, 3
+    xp = torch.randn(steps, n, 2 * hid)
+    stored = torch.randn(n, steps, hid).transpose(0, 1)
+    reset = _reset(steps, n, 2).t().contiguous().t()  # a [T, N] view of an [N, T] tensor
+    bias = torch.randn(2 * hid)
+    h = ops.linear_mingru_forward(xp, bias, stored, reset)
+    want_h = ops.linear_mingru_forward(xp, bias, stored.contiguous(), reset.contiguous())
+    assert torch.equal(h, want_h)
+    grad = torch.randn(n, steps, hid).transpose(0, 1)
+    got = ops.linear_mingru_backward(grad, xp, bias, h, stored, reset, True)
+    want = ops.linear_mingru_backward(grad.contiguous(), xp, bias, h, stored.contiguous(),
+                                      reset.contiguous(), True)  # fmt: skip
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_bad_inputs_are_refused_with_what_was_expected(ops):
+    xp, stored = torch.randn(4, 2, 6), torch.randn(4, 2, 3)
+    reset = torch.ones(4, 2, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="expected float32 or float64, received Half"):
+        ops.linear_mingru_forward(xp.half(), None, stored.half(), reset)
+    with pytest.raises(RuntimeError, match=r"expected stored of shape \[4, 2, 3\]"):
+        ops.linear_mingru_forward(xp, None, stored[:, :, :2], reset)
+    with pytest.raises(RuntimeError, match=r"expected reset as a \[4, 2\] bool tensor"):
+        ops.linear_mingru_forward(xp, None, stored, reset.float())
+    with pytest.raises(RuntimeError, match="expected stored as a CPU Float tensor"):
+        ops.linear_mingru_forward(xp, None, stored.double(), reset)
+    with pytest.raises(RuntimeError, match=r"expected bias of shape \[6\]"):
+        ops.linear_mingru_forward(xp, torch.ones(3), stored, reset)
+    with pytest.raises(RuntimeError, match=r"expected lam_im of shape \[3\]"):
+        ops.linear_lru_forward(xp, stored.repeat(1, 1, 2), reset, torch.ones(3), torch.ones(2),
+                               torch.ones(3))  # fmt: skip
