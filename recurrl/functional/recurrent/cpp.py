@@ -102,13 +102,15 @@ class _GRUCpp(torch.autograd.Function):
 def _lstm_layer(cfg, lw, layer_in, stored, reset):
     xp = cfg.kind.project(cfg, lw, layer_in).contiguous()
     sh, sc = (s.contiguous() for s in stored)
-    return _LSTMCpp.apply(xp, sh, sc, reset, lw.weight_hh.contiguous())
+    return _LSTMCpp.apply(xp, sh, sc, reset.contiguous(), lw.weight_hh.contiguous())
 
 
 def _gru_layer(cfg, lw, layer_in, stored, reset):
     xp = cfg.kind.project(cfg, lw, layer_in).contiguous()
     b_hh = lw.bias_hh.contiguous() if lw.bias_hh is not None else None
-    h = _GRUCpp.apply(xp, stored[0].contiguous(), reset, lw.weight_hh.contiguous(), b_hh)
+    h = _GRUCpp.apply(
+        xp, stored[0].contiguous(), reset.contiguous(), lw.weight_hh.contiguous(), b_hh
+    )
     return (h,)
 
 
