@@ -21,6 +21,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -219,6 +220,8 @@ RECURRL_GRU_BWD(gru_bwd_start, double, false, inline)
 // ------------------------------------------------------------------------------ matmul
 // torch's own BLAS (MKL in the official wheels) when it exports the Fortran symbols, resolved
 // at load time; else at::mm_out/addmm_ on views of the same memory.
+#if defined(__linux__) && defined(__GNUC__)
+#define RECURRL_WEAK_BLAS 1
 extern "C" {
 void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*,
             const float*, const int*, const float*, const int*, const float*, float*,
@@ -227,10 +230,22 @@ void dgemm_(const char*, const char*, const int*, const int*, const int*, const 
             const double*, const int*, const double*, const int*, const double*, double*,
             const int*) __attribute__((weak));
 }
+#endif
+
+// RECURRL_EXT_TORCH_MM=1 (read at each op call) takes the at::mm_out path even where BLAS is
+// found: for tests of that path.
+thread_local bool g_torch_mm = false;
+
+void read_mm_setting() {
+  const char* value = std::getenv("RECURRL_EXT_TORCH_MM");
+  g_torch_mm = value != nullptr && value[0] == '1';
+}
 
 template <typename T>
 inline bool blas_gemm(char ta, char tb, int m, int n, int k, T alpha, const T* a, int lda,
                       const T* b, int ldb, T beta, T* c, int ldc) {
+#ifdef RECURRL_WEAK_BLAS
+  if (g_torch_mm) return false;
   if constexpr (std::is_same_v<T, float>) {
     if (sgemm_ == nullptr) return false;
     sgemm_(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
@@ -239,6 +254,9 @@ inline bool blas_gemm(char ta, char tb, int m, int n, int k, T alpha, const T* a
     dgemm_(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
   }
   return true;
+#else
+  return false;  // elsewhere a weak reference may not link: at::mm_out below
+#endif
 }
 
 template <typename T>
@@ -372,6 +390,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_scan_forward(
     const Tensor& xp, const Tensor& sh, const Tensor& sc, const Tensor& reset,
     const Tensor& w_hh) {
   const char* op = "recurrl::lstm_scan_forward";
+  read_mm_setting();
   check_inputs(op, xp, reset, w_hh, 4);
   const int64_t hid = xp.size(2) / 4;
   check_state(op, "sh", sh, xp, hid);
@@ -433,6 +452,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_scan_backward(
     const Tensor& dh, const Tensor& dc, const Tensor& reset, const Tensor& w_hh,
     const Tensor& gates, const Tensor& tc, const Tensor& hin, const Tensor& cin) {
   const char* op = "recurrl::lstm_scan_backward";
+  read_mm_setting();
   check_inputs(op, gates, reset, w_hh, 4);
   const int64_t hid = gates.size(2) / 4;
   for (const Tensor* s : {&dh, &dc, &tc, &hin, &cin}) check_state(op, "a state", *s, gates, hid);
@@ -488,6 +508,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> gru_scan_forward(
     const Tensor& xp, const Tensor& sh, const Tensor& reset, const Tensor& w_hh,
     const std::optional<Tensor>& b_hh) {
   const char* op = "recurrl::gru_scan_forward";
+  read_mm_setting();
   check_inputs(op, xp, reset, w_hh, 3);
   const int64_t hid = xp.size(2) / 3;
   check_state(op, "sh", sh, xp, hid);
@@ -547,6 +568,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> gru_scan_backward(
     const Tensor& dh, const Tensor& reset, const Tensor& w_hh, const Tensor& hin,
     const Tensor& rz, const Tensor& nn, const Tensor& ghn) {
   const char* op = "recurrl::gru_scan_backward";
+  read_mm_setting();
   TORCH_CHECK(hin.dim() == 3, op, ": expected hin [T, N, H], received ", hin.sizes());
   const int64_t hid = hin.size(2);
   TORCH_CHECK(rz.dim() == 3 && rz.size(2) == 2 * hid, op, ": expected rz [T, N, 2H], received ",

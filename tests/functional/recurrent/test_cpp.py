@@ -253,3 +253,15 @@ def test_auto_never_picks_cpp():
             "pad",
             "scan",
         )
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_torch_matmul_path_equals_the_blas_path(mode, dtype, monkeypatch):
+    """The kernels call torch's BLAS directly where it is exported, ``at::mm_out`` on views
+    elsewhere (forced here): both compute the same products."""
+    p = make_problem(mode, n=3, steps=6, hidden=5, p_init=0.3, seed=8, dtype=dtype)
+    blas = _run(_cpp, p)
+    monkeypatch.setenv("RECURRL_EXT_TORCH_MM", "1")
+    for a, b in zip(_run(_cpp, p), blas, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5 if dtype == torch.float32 else 1e-12, rtol=1e-5)
