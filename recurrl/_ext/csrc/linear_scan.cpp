@@ -4,7 +4,7 @@
 // compiler's vectoriser. The input projections (matmuls) stay outside, in torch.
 //
 // Layout: time-major, every [T, N, ...] tensor read with a row stride (the features of a
-// row contiguous); reset [T, N] bool, True where the step restarts from the stored state of
+// row contiguous; incoming gradients with any strides along t and n); reset [T, N] bool, True where the step restarts from the stored state of
 // that step (t = 0 always does). A restart *selects* the stored state (a pointer choice per
 // row), it never multiplies the carried one by zero: a NaN or Inf in a trajectory does not
 // reach the next one, in values or in gradients.
@@ -72,6 +72,17 @@ std::pair<at::Tensor, int64_t> rows_of(const at::Tensor& t, const char* name, in
   if (rows_ok) return {t, rs};
   at::Tensor c = t.contiguous();
   return {c, c.size(2)};
+}
+
+// An incoming gradient [T, N, C] read row by row: the tensor to read and its strides along
+// t and n. Any layout with contiguous features is read in place (a transposed [N, T, C]
+// gradient among them), one broadcast along t and n (the gradient of a sum) as a single
+// row with strides 0; anything else is copied.
+std::tuple<at::Tensor, int64_t, int64_t> grad_rows(const at::Tensor& g) {
+  if (g.size(2) <= 1 || g.stride(2) == 1) return {g, g.stride(0), g.stride(1)};
+  if (g.stride(0) == 0 && g.stride(1) == 0) return {g.select(0, 0).select(0, 0).contiguous(), 0, 0};
+  at::Tensor c = g.contiguous();
+  return {c, c.stride(0), c.stride(1)};
 }
 
 void check_common(const at::Tensor& x, const at::Tensor& reset, const char* op) {
@@ -216,8 +227,8 @@ RECURRL_INLINE void mingru_backward_row(const s_t* __restrict__ x, const s_t* __
 
 template <typename s_t>
 RECURRL_VECTOR_CLONES void mingru_backward_kernel(
-    const s_t* __restrict__ gh, const s_t* __restrict__ xp, int64_t xs, const s_t* __restrict__ b,
-    const s_t* __restrict__ h, const s_t* __restrict__ st, int64_t ss,
+    const s_t* __restrict__ gh, int64_t gt, int64_t gn, const s_t* __restrict__ xp, int64_t xs,
+    const s_t* __restrict__ b, const s_t* __restrict__ h, const s_t* __restrict__ st, int64_t ss,
     const bool* __restrict__ reset, s_t* __restrict__ dxp, s_t* __restrict__ dst,
     s_t* __restrict__ acc, int64_t steps, int64_t n, int64_t hid) {
   // carry[r]: the gradient reaching h_t of row r from step t + 1; scratch: where a restart's
@@ -228,7 +239,7 @@ RECURRL_VECTOR_CLONES void mingru_backward_kernel(
     for (int64_t r = 0; r < n; ++r) {
       const int64_t row = t * n + r;
       const s_t* x = xp + row * xs;
-      const s_t* g_in = gh + row * hid;
+      const s_t* g_in = gh + t * gt + r * gn;
       s_t* dk = dxp + row * 2 * hid;
       s_t* c = carry + r * hid;
       s_t* a_r = acc + r * 2 * hid;
@@ -296,14 +307,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_mingru_backward(
   TORCH_CHECK(grad_in.sizes() == h_in.sizes() && h_in.size(0) == steps && h_in.size(1) == n &&
                   h_in.size(2) == hid,
               op, ": expected grad_h and h of shape [", steps, ", ", n, ", ", hid, "]");
-  const at::Tensor g = grad_in.contiguous(), h = h_in.contiguous(), reset = reset_in.contiguous();
+  auto [g, gt, gn] = grad_rows(grad_in);
+  const at::Tensor h = h_in.contiguous(), reset = reset_in.contiguous();
   at::Tensor dxp = at::empty({steps, n, 2 * hid}, g.options());
   at::Tensor dst = at::empty({stored_grad ? steps : 0, n, hid}, g.options());
   at::Tensor acc = at::zeros({n, 2 * hid}, g.options());
   if (dxp.numel() == 0) return {dxp, dst.zero_(), acc.sum(0)};
   AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), op, [&] {
     mingru_backward_kernel<scalar_t>(
-        g.const_data_ptr<scalar_t>(), xp.const_data_ptr<scalar_t>(), xs,
+        g.const_data_ptr<scalar_t>(), gt, gn, xp.const_data_ptr<scalar_t>(), xs,
         b.const_data_ptr<scalar_t>(), h.const_data_ptr<scalar_t>(),
         st.const_data_ptr<scalar_t>(), ss, reset.const_data_ptr<bool>(),
         dxp.mutable_data_ptr<scalar_t>(), stored_grad ? dst.mutable_data_ptr<scalar_t>() : nullptr,
@@ -378,7 +390,8 @@ RECURRL_VECTOR_CLONES void lru_backward_kernel(
     const s_t* __restrict__ gh, const s_t* __restrict__ bx, int64_t xs, const s_t* __restrict__ h,
     const s_t* __restrict__ st, int64_t ss, const bool* __restrict__ reset,
     const s_t* __restrict__ lr, const s_t* __restrict__ li, const s_t* __restrict__ gm,
-    s_t* __restrict__ dbx, int64_t dxs, const s_t* __restrict__ rest, int64_t rs, int64_t extra,
+    s_t* __restrict__ dbx, int64_t dxs, const s_t* __restrict__ rest, int64_t rt, int64_t rn,
+    int64_t extra,
     s_t* __restrict__ dst, s_t* __restrict__ acc, int64_t steps, int64_t n, int64_t hid) {
   // dbx's rows are dxs wide: the 2H gradients of bx, then the `extra` columns of `rest`
   const int64_t hs = 2 * hid;
@@ -390,7 +403,7 @@ RECURRL_VECTOR_CLONES void lru_backward_kernel(
       const s_t* x = bx + row * xs;
       const s_t* g_in = gh + row * hs;
       s_t* dx = dbx + row * dxs;
-      for (int64_t j = 0; j < extra; ++j) dx[hs + j] = rest[row * rs + j];
+      for (int64_t j = 0; j < extra; ++j) dx[hs + j] = rest[t * rt + r * rn + j];
       s_t *a_lr = acc + r * hid, *a_li = acc + (n + r) * hid, *a_gm = acc + (2 * n + r) * hid;
       if (t == 0 || reset[row]) {
         s_t* ds = dst ? dst + row * hs : scratch.data();
@@ -474,7 +487,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_lr
   check_same(rest_in, bx_in, "grad_rest", op);
   TORCH_CHECK(rest_in.dim() == 3, op, ": expected grad_rest [T, N, E], received ", rest_in.sizes());
   const int64_t extra = rest_in.size(2);
-  auto [rest, rs] = rows_of(rest_in, "grad_rest", steps, n, extra, true);
+  TORCH_CHECK(rest_in.size(0) == steps && rest_in.size(1) == n, op,
+              ": expected grad_rest of shape [", steps, ", ", n, ", E], received ",
+              rest_in.sizes());
+  auto [rest, rt, rn] = grad_rows(rest_in);
   at::Tensor dbx = at::empty({steps, n, 2 * hid + extra}, g.options());
   at::Tensor dst = at::empty({stored_grad ? steps : 0, n, 2 * hid}, g.options());
   at::Tensor acc = at::zeros({3, n, hid}, g.options());
@@ -488,8 +504,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_lr
         h.const_data_ptr<scalar_t>(), st.const_data_ptr<scalar_t>(), ss,
         reset.const_data_ptr<bool>(), lr.const_data_ptr<scalar_t>(),
         li.const_data_ptr<scalar_t>(), gm.const_data_ptr<scalar_t>(),
-        dbx.mutable_data_ptr<scalar_t>(), 2 * hid + extra, rest.const_data_ptr<scalar_t>(), rs,
-        extra, stored_grad ? dst.mutable_data_ptr<scalar_t>() : nullptr,
+        dbx.mutable_data_ptr<scalar_t>(), 2 * hid + extra, rest.const_data_ptr<scalar_t>(), rt,
+        rn, extra, stored_grad ? dst.mutable_data_ptr<scalar_t>() : nullptr,
         acc.mutable_data_ptr<scalar_t>(), steps, n, hid);
   });
   at::Tensor sums = acc.sum(1);  // [3, H]

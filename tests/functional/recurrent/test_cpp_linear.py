@@ -123,6 +123,20 @@ def test_the_cpp_backend_runs_the_layers(ops, kind, recompute):
         _close(a, b, torch.float64)
 
 
+@pytest.mark.parametrize("kind", ["mingru", "lru"])
+def test_the_gradient_of_a_sum(ops, kind):
+    """``y.sum()`` sends a broadcast gradient (strides 0), read in place by the loops."""
+    net, cfg, x, states, is_init = _problem(kind, layers=1, dtype=torch.float64,
+                                            resets="sparse", stored="random")  # fmt: skip
+    grads = []
+    for unroll in (cpp_unroll, assoc_unroll):
+        xs = x.clone().requires_grad_(True)
+        y, _ = unroll(cfg, list(net.flat_weights), xs, states, is_init)
+        grads.append(torch.autograd.grad(y.sum(), [xs, *net.parameters()]))
+    for a, b in zip(*grads, strict=True):
+        _close(a, b, torch.float64)
+
+
 def _reset(steps, n, seed):
     reset = torch.rand(steps, n, generator=torch.Generator().manual_seed(seed)) < 0.3
     reset[0] = True
@@ -231,8 +245,8 @@ def test_gates_over_the_whole_range(ops, dtype):
 
 
 def test_non_contiguous_inputs(ops):
-    """Inputs with other strides (a transposed stored state, a non-contiguous grad) give
-    the numbers of contiguous copies."""
+    """Inputs with other strides (a transposed stored state, a transposed or broadcast
+    gradient) give the numbers of contiguous copies."""
     steps, n, hid = 5, 4, 3
     xp = torch.randn(steps, n, 2 * hid)
     stored = torch.randn(n, steps, hid).transpose(0, 1)
@@ -241,12 +255,14 @@ def test_non_contiguous_inputs(ops):
     h = ops.linear_mingru_forward(xp, bias, stored, reset)
     want_h = ops.linear_mingru_forward(xp, bias, stored.contiguous(), reset.contiguous())
     assert torch.equal(h, want_h)
-    grad = torch.randn(n, steps, hid).transpose(0, 1)
-    got = ops.linear_mingru_backward(grad, xp, bias, h, stored, reset, True)
-    want = ops.linear_mingru_backward(grad.contiguous(), xp, bias, h, stored.contiguous(),
-                                      reset.contiguous(), True)  # fmt: skip
-    for a, b in zip(got, want, strict=True):
-        assert torch.equal(a, b)
+    # a transposed gradient, and the broadcast one of a sum, are read in place
+    for grad in (torch.randn(n, steps, hid).transpose(0, 1),
+                 torch.randn(hid).expand(steps, n, hid)):  # fmt: skip
+        got = ops.linear_mingru_backward(grad, xp, bias, h, stored, reset, True)
+        want = ops.linear_mingru_backward(grad.contiguous(), xp, bias, h, stored.contiguous(),
+                                          reset.contiguous(), True)  # fmt: skip
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
 
 
 def test_bad_inputs_are_refused_with_what_was_expected(ops):
