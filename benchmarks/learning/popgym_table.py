@@ -1,7 +1,7 @@
 """Learning benchmark: the popgym table (PPO with a GRU, an LSTM and a feed-forward trunk).
 
 Needs the optional extras: ``pip install -e ".[popgym,sweep,train]"`` (popgym's envs, scipy for
-the statistics, matplotlib for ``--plot``). For every (task, memory) cell of :data:`TASKS` x
+the statistics, matplotlib for ``--plot``), and ``minigrid`` for its MiniGrid row. For every (task, memory) cell of :data:`TASKS` x
 :data:`MEMORIES`, runs ``recurrl sweep`` (one ``recurrl train`` per seed, ``--jobs`` at a
 time, each run evaluated greedily) into ``OUT/<task>-<memory>/``, then reads the cells'
 ``summary.json`` and prints a markdown table (also written to ``OUT/table.md``, and the
@@ -83,6 +83,13 @@ TASKS: dict[str, Task] = {
     # per-step rewards) does not hold: it keeps the `recurrl train` default, 0.1.
     "PositionOnlyPendulumEasy": Task("popgym-PositionOnlyPendulumEasy-v0"),
     "Pendulum-masked": Task("Pendulum-masked", options=("--reward-scale", "0.1")),
+    # a memory task from outside popgym (needs `pip install minigrid`, the `minigrid` extra):
+    # the agent sees an object in its start room, walks a corridor and must step next to the
+    # matching one of two objects at its end (1 - 0.9 t / 245 on success, 0 otherwise; a
+    # policy without memory can at best guess, ~0.5). Its reward is already in [0, 1] and its
+    # observation is an image (a small CNN), both as the RECIPE expects. Sparse rewards and a
+    # 245-step limit make it slower to learn than the popgym tasks: 200k frames by default.
+    "MiniGrid-MemoryS7": Task("minigrid:MiniGrid-MemoryS7-v0", frames=200_000),
 }
 
 MEMORIES: dict[str, str] = {
