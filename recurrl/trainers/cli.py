@@ -198,6 +198,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if not saved:
         data["env"]["num_envs"] = None  # the chosen algorithm's default unless given
         data["ppo"]["num_minibatches"] = None  # fitted to the batch's rows unless given
+        data["dqn"]["burn_in"] = None  # the sampler's default (slice: 10, tape: 0) unless given
     options = vars(args)
     algo = options.get("algo", data["algo"])
     if saved and algo != saved["algo"]:  # before the merge: the sections would not fit

@@ -483,7 +483,7 @@ class TrainConfig:
         # ends), so a longer slice could only ever be a whole, shorter row.
         d = self.dqn
         steps = d.frames_per_batch // self.env.num_envs
-        if d.slice_len > steps:
+        if d.sampler == "slice" and d.slice_len > steps:  # tapes join an episode's rows
             raise ValueError(
                 f"TrainConfig: burn_in + train_len = {d.slice_len} is longer than the {steps} "
                 f"steps per env row (frames_per_batch / num_envs). Fix: --frames-per-batch "

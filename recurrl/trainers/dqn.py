@@ -25,6 +25,17 @@ One batch of the loop (:func:`train`):
    returns of rewards scaled by ``reward_scale``; Adam, gradient clipping, then a soft or
    hard target-network update.
 
+With ``sampler="tape"`` (``--sampler tape``), a :class:`~recurrl.data.TapeSampler` replaces
+step 3's slices: ``num_tapes`` tapes of ``tape_frames`` steps, each whole complete stored
+episodes laid end to end (``is_init`` at every episode start, the stored zero state there),
+the one that does not fit cut at the budget and marked truncated (bootstrapped). The loss
+runs with ``burn_in=0`` (every sequence starts an episode from its exact initial state) on
+the flat ``[num_tapes * tape_frames]`` batch: recurrent mode restarts at every ``is_init``
+and the ``n_steps`` targets stop at every episode end (a ``done`` step, the step before an
+``is_init``), so nothing flows or bootstraps from one episode into the next; padded steps
+(``("collector", "mask")`` False) are out of the loss. Burn-in options and prioritized
+replay are refused with tapes (:class:`~recurrl.trainers.DQNConfig`).
+
 With ``prioritized`` (``--prioritized``), a :class:`~recurrl.data.PrioritizedSliceSampler`
 draws the slices by priority (the same valid starts) and each step carries its slice's
 importance weight ``"_weight"``, which ``DQNLoss`` multiplies into the step losses. The
@@ -58,7 +69,7 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from recurrl.data import LazyTensorStorage, PrioritizedSliceSampler, SliceSampler
+from recurrl.data import LazyTensorStorage, PrioritizedSliceSampler, SliceSampler, TapeSampler
 from recurrl.functional import sequence_priority
 from recurrl.objectives import DQNLoss, HardUpdate, SoftUpdate
 from recurrl.trainers import checkpoint as ckpt
@@ -121,10 +132,23 @@ def priority_beta_at(cfg: Any, frames: int) -> float:
     return cfg.priority_beta + frac * (1.0 - cfg.priority_beta)
 
 
-def make_sampler(cfg: Any) -> SliceSampler:
+def make_sampler(cfg: Any) -> SliceSampler | TapeSampler:
     """The replay sampler of :class:`DQNTrainer`: slices of up to ``burn_in + train_len``
     steps that may start where ``cfg.slice_start`` says with more than ``burn_in`` steps
-    left, drawn uniformly or (``cfg.prioritized``) by priority."""
+    left, drawn uniformly or (``cfg.prioritized``) by priority; with ``cfg.sampler ==
+    "tape"`` a :class:`~recurrl.data.TapeSampler` of ``cfg.num_tapes`` tapes of
+    ``cfg.tape_frames`` steps (episodes drawn by ``cfg.tape_weight``, the one that does not
+    fit cut at the budget).
+
+    Examples:
+        >>> from recurrl.trainers import DQNConfig
+        >>> sampler = make_sampler(DQNConfig(sampler="tape", tape_frames=500))
+        >>> type(sampler).__name__, sampler.tape_shape(1000), sampler.weight
+        ('TapeSampler', (2, 500), 'uniform')
+    """
+    if cfg.sampler == "tape":
+        return TapeSampler(frames_per_tape=cfg.tape_frames, num_tapes=cfg.num_tapes,
+                           weight=cfg.tape_weight)  # fmt: skip
     kwargs: dict[str, Any] = {
         "slice_len": cfg.slice_len, "strict_length": False, "min_slice_len": cfg.burn_in + 1,
         "start": cfg.slice_start,
@@ -191,7 +215,7 @@ class DQNTrainer:
             cfg,
             storage=LazyTensorStorage(d.buffer_size),
             sampler=make_sampler(d),
-            batch_size=d.num_slices * d.slice_len,
+            batch_size=d.batch_steps,
         )
         self.collector = make_collector(
             cfg, self.env, acting, frames_per_batch=d.frames_per_batch,
@@ -275,8 +299,10 @@ class DQNTrainer:
         if self.remote:
             rows, drawn = [], 0
             while drawn < len(self.buffer):
-                rows.append(self.buffer.sample()["observation"])
-                drawn += rows[-1].shape[0]
+                sample = self.buffer.sample()
+                real = sample.get(("collector", "mask"), None)  # padded tape steps are zeros
+                rows.append(sample["observation"] if real is None else sample["observation"][real])
+                drawn += sample.shape[0]
             observations = torch.cat(rows)
         else:
             observations = self.buffer.storage.data["observation"][: len(self.buffer)]

@@ -13,6 +13,9 @@ from recurrl.trainers._config_checks import check_frames, finite, positive
 
 __all__ = ["DQNConfig"]
 
+#: ``DQNConfig.burn_in`` when it is None and ``sampler="slice"``
+DEFAULT_BURN_IN = 10
+
 
 @dataclass
 class DQNConfig:
@@ -22,7 +25,8 @@ class DQNConfig:
     then updates_per_batch updates on num_slices slices of up to burn_in + train_len steps
     (5-step double-DQN targets, rewards scaled by 0.1, observations standardized with the
     warm-up statistics). On CartPole-masked, 100k frames give a greedy return >= 450; see
-    ``benchmarks/learning/README.md`` for the figures per seed and what was tried.
+    ``benchmarks/learning/README.md`` for the figures per seed and what was tried. With
+    sampler=tape the updates replay whole episodes end to end instead (no burn-in).
     """
 
     frames: int = 100_000
@@ -38,8 +42,9 @@ class DQNConfig:
     num_slices: int = 64
     """Slices per update (sequences of up to burn_in + train_len steps; a slice may start at
     any stored step with more than burn_in steps left in its episode)."""
-    burn_in: int = 10
-    """Steps at the start of every slice that only warm the stored hidden state up (no loss)."""
+    burn_in: int | None = None
+    """Steps at the start of every slice that only warm the stored hidden state up (no loss).
+    Unset (None): 10 with sampler=slice, 0 with sampler=tape (which takes no burn-in)."""
     train_len: int = 20
     """Steps of every slice that enter the loss (after the burn-in)."""
     lr: float = 1e-3
@@ -107,18 +112,38 @@ class DQNConfig:
     value_rescale: bool = False
     """R2D2's value rescaling: Q-values regress h(return), targets h(rewards + gamma^n
     h^-1(Q')) with h(x) = sign(x)(sqrt(|x| + 1) - 1) + 0.001 x."""
+    sampler: Literal["slice", "tape"] = "slice"
+    """Replay batches: slice (num_slices slices of burn_in + train_len steps from the stored
+    states, burned in) or tape (num_tapes tapes of tape_frames steps: whole stored episodes
+    laid end to end, each from its exact zero initial state, so no burn-in; suits short
+    episodes and linear-recurrent cells, --memory mingru|lru). With tape the slice options
+    (num_slices, train_len, slice_start) are not used and burn-in, burn_in_stop_gradient and
+    prioritized are refused."""
+    tape_frames: int = 960
+    """With sampler=tape: steps per tape (about 2x CartPole's 500-step episode cap; with
+    num_tapes=2 the 1920 steps of the slice default, 64 slices x 30 steps, per update). An
+    episode that does not fit is cut there (marked truncated, bootstrapped); steps of an
+    episode longer than a tape past its first tape_frames are never trained on."""
+    num_tapes: int = 2
+    """With sampler=tape: tapes per update (one row each, recurrent mode along it)."""
+    tape_weight: Literal["uniform", "length"] = "uniform"
+    """With sampler=tape: draw stored episodes uniformly (every complete episode alike) or
+    by length (every stored step alike)."""
     slice_start: Literal["any", "trajectory", "stride"] = "any"
     """Where a replayed slice may start in a stored trajectory piece: any step, its first
     step only, or every (burn_in + train_len) // 2 steps (R2D2's half-overlapping
     sequences); see SliceSampler(start=)."""
 
     def __post_init__(self) -> None:
+        if self.burn_in is None:
+            self.burn_in = 0 if self.sampler == "tape" else DEFAULT_BURN_IN
         finite(self)
         positive(
             "DQNConfig", frames=self.frames, frames_per_batch=self.frames_per_batch,
             buffer_size=self.buffer_size, updates_per_batch=self.updates_per_batch,
             num_slices=self.num_slices, train_len=self.train_len, eps_frames=self.eps_frames,
             hard_update_interval=self.hard_update_interval, n_steps=self.n_steps,
+            tape_frames=self.tape_frames, num_tapes=self.num_tapes,
         )  # fmt: skip
         check_frames("DQNConfig", self.frames, self.frames_per_batch)
         if self.burn_in < 0 or self.learning_starts < 0:
@@ -175,8 +200,51 @@ class DQNConfig:
                 f"DQNConfig: slice_start must be any, trajectory or stride, received "
                 f"{self.slice_start!r}."
             )
+        self._check_tape()
+
+    def _check_tape(self) -> None:
+        """``sampler``: a known one; with tape, none of the slice-only options set."""
+        if self.sampler not in ("slice", "tape"):
+            raise ValueError(
+                f"DQNConfig: sampler must be slice or tape, received {self.sampler!r}. Fix: "
+                "--sampler tape for whole episodes end to end, or drop --sampler."
+            )
+        if self.tape_weight not in ("uniform", "length"):
+            raise ValueError(
+                f"DQNConfig: tape_weight must be uniform or length, received "
+                f"{self.tape_weight!r}. Fix: --tape-weight uniform."
+            )
+        if self.sampler != "tape":
+            return
+        # options that only mean something for slices: refused rather than ignored
+        given = {
+            "--burn-in": self.burn_in if self.burn_in else None,
+            "--burn-in-stop-gradient": True if self.burn_in_stop_gradient else None,
+            "--prioritized": True if self.prioritized else None,
+            "--slice-start": self.slice_start if self.slice_start != "any" else None,
+        }  # fmt: skip
+        given = {flag: value for flag, value in given.items() if value is not None}
+        if given:
+            received = ", ".join(f"{flag} {value}" if value is not True else flag
+                                 for flag, value in given.items())  # fmt: skip
+            raise ValueError(
+                f"DQNConfig: sampler=tape expects no burn-in, uniform or length-weighted "
+                f"episode draws and whole episodes (tapes start every episode from its exact "
+                f"zero state and hold no slices), received {received}. Fix: drop "
+                f"{' and '.join(given)} (--tape-weight length weights episodes by length), "
+                f"or --sampler slice."
+            )
 
     @property
     def slice_len(self) -> int:
         """Steps per replayed slice: ``burn_in + train_len``."""
+        assert self.burn_in is not None  # resolved in __post_init__
         return self.burn_in + self.train_len
+
+    @property
+    def batch_steps(self) -> int:
+        """Steps per replayed batch: ``num_slices * slice_len``, or with ``sampler="tape"``
+        ``num_tapes * tape_frames``."""
+        if self.sampler == "tape":
+            return self.num_tapes * self.tape_frames
+        return self.num_slices * self.slice_len
