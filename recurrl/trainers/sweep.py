@@ -112,7 +112,7 @@ def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
         help="greedy evaluation episodes per run (default: 20)",
     )  # fmt: skip
     sweep.add_argument(
-        "--backends", nargs="+", choices=["auto", "pad", "scan", "assoc"], default=None,
+        "--backends", nargs="+", choices=["auto", "pad", "scan", "assoc", "cpp"], default=None,
         help="run every seed under each of these --recurrent-backend values (default: the "
         "one of the train options, pad)",
     )  # fmt: skip
