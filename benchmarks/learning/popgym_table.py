@@ -1,13 +1,14 @@
 """Learning benchmark: the popgym table (PPO with a GRU, an LSTM and a feed-forward trunk).
 
 Needs the optional extras: ``pip install -e ".[popgym,sweep,train]"`` (popgym's envs, scipy for
-the statistics, matplotlib for ``--plot``), and ``minigrid`` for its MiniGrid row. For every (task, memory) cell of :data:`TASKS` x
-:data:`MEMORIES`, runs ``recurrl sweep`` (one ``recurrl train`` per seed, ``--jobs`` at a
-time, each run evaluated greedily) into ``OUT/<task>-<memory>/``, then reads the cells'
-``summary.json`` and prints a markdown table (also written to ``OUT/table.md``, and the
-numbers to ``OUT/table.json``): per cell the interquartile mean (IQM) of the runs' final
-greedy return, with a 95% percentile bootstrap interval over the seeds, on the scale of the
-POPGym paper (:func:`paper_scale`), next to the paper's figures (:data:`PAPER`).
+the statistics, matplotlib for ``--plot``), and ``minigrid`` for its MiniGrid row. For every
+(task, memory) cell of :data:`TASKS` x :data:`MEMORIES`, runs ``recurrl sweep`` (one ``recurrl
+train`` per seed, ``--jobs`` at a time, each run evaluated greedily) into
+``OUT/<task>-<memory>/``, then reads the cells' ``summary.json`` and prints a markdown table
+(also written to ``OUT/table.md``, and the numbers to ``OUT/table.json``): per cell the
+interquartile mean (IQM) of the runs' final greedy return, with a 95% percentile bootstrap
+interval over the seeds, on the scale of the POPGym paper (:func:`paper_scale`), next to the
+paper's figures (:data:`PAPER`).
 
 Resumable: ``recurrl sweep`` skips finished runs, continues interrupted ones from their
 checkpoint and evaluates what is not evaluated yet, so running the same command again after
