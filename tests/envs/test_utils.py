@@ -187,6 +187,38 @@ def test_merge_reset_matches_where_reset_per_key():
     assert torch.equal(current["obs"], torch.ones(3, 2))  # inputs are not written in place
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_merge_reset_plain_fast_path_matches_generic_containers(seed):
+    # merge_reset reads plain TensorDicts through their dicts; lazy stacks, nested keys and
+    # sub-TensorDicts take get: the same values either way, per key as where_reset gives.
+    g = torch.Generator().manual_seed(seed)
+    batch = [[3], [2, 2], [1]][seed % 3]
+    mask = torch.rand(batch, generator=g) < 0.5
+    shapes = {"obs": (2,), "done": (1,), "h": (1, 4), "s": ()}
+    pool = list(shapes)
+    both = [k for k in pool if torch.rand((), generator=g) < 0.7]
+    only_reset = [k for k in pool if k not in both and torch.rand((), generator=g) < 0.5]
+
+    def make(keys, fill):
+        entries = {k: torch.full((*batch, *shapes[k]), fill) for k in keys}
+        entries["sub"] = {"x": torch.full((*batch, 2), fill)}
+        return TensorDict(entries, batch_size=batch)
+
+    keys = [*pool, ("sub", "x"), "sub", "missing"]
+    for lazy in (False, True):
+        reset = make(both + only_reset, float(seed))
+        current = make(both, -1.0 - seed)
+        if lazy:
+            current = torch.stack(current.unbind(0), 0)  # a LazyStackedTensorDict
+        before = current.clone()
+        out = merge_reset(mask, reset.clone(), current, keys)
+        for key in [*both, ("sub", "x")]:
+            assert torch.equal(out[key], where_reset(mask, reset[key], current[key]))
+        for key in only_reset:
+            assert torch.equal(out[key], reset[key])
+        assert (current == before).all()  # inputs are not written in place
+
+
 @pytest.mark.parametrize(
     "values, expected",
     [
