@@ -332,3 +332,65 @@ def test_any_on_cpu_equals_any(seed):
     mask = torch.rand(shape, generator=gen) < 0.3 * (seed % 3)
     for view in (mask, mask.transpose(0, -1)):
         assert fast_step_module._any_on_cpu(view) == bool(view.any())
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bit patterns (``torch.equal`` calls NaN unequal to itself)."""
+    if not t.is_floating_point():
+        return t
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_reset_equals_masked_fill_bit_for_bit(seed):
+    gen = torch.Generator().manual_seed(seed)
+    dtype = [torch.float32, torch.float64, torch.float16, torch.bfloat16][seed % 4]
+    n, s = [(1, 3), (5, 4), (8, 64)][seed % 3]
+    state = torch.randn(n, s, generator=gen).to(dtype)
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0])
+    where = torch.rand(n, s, generator=gen) < 0.3
+    picks = torch.randint(0, 5, (n, s), generator=gen)
+    state = torch.where(where, specials[picks].to(dtype), state)
+    mask = torch.rand(n, 1, generator=gen) < 0.5
+    for view in (state, state.t().contiguous().t()):  # contiguous and transposed
+        out = fast_step_module._reset(mask, view)
+        expected = view.masked_fill(mask, 0)
+        assert out.dtype == expected.dtype and out.shape == expected.shape
+        assert torch.equal(_bits(out), _bits(expected))
+
+
+def test_reset_gradient_equals_masked_fill():
+    state = torch.randn(6, 4, requires_grad=True)
+    mask = torch.tensor([True, False, True, False, False, True]).unsqueeze(1)
+    weight = torch.randn(6, 4)
+    (grad,) = torch.autograd.grad((fast_step_module._reset(mask, state) * weight).sum(), state)
+    (expected,) = torch.autograd.grad((state.masked_fill(mask, 0) * weight).sum(), state)
+    assert torch.equal(grad, expected)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("seed", range(4))
+def test_reset_rows_with_nan_and_negative_zero_match_the_oracle(kind, dtype, seed):
+    # the restarting rows' states are overwritten, whatever they hold (NaN, inf, -0.0)
+    torch.manual_seed(seed)
+    module = _module(kind, 1).to(dtype)
+    batch = (7,)
+    is_init = torch.rand(*batch, 1) < 0.5
+    is_init[seed % 7] = True
+    td = _data(module, batch, is_init, dtype=dtype)
+    for key in module.state_keys:
+        state = td.get(key)
+        special = torch.tensor([float("nan"), -0.0, float("inf")], dtype=dtype)
+        fill = special[torch.randint(0, 3, state.shape)]
+        td.set(key, torch.where(is_init.unsqueeze(-1), fill, state))
+    with torch.no_grad():
+        fast, slow, answered = _run_both(module, td)
+    assert answered
+    # the inputs keep their NaN: leaves compared by bit pattern
+    assert sorted(map(str, fast.keys(True, True))) == sorted(map(str, slow.keys(True, True)))
+    for key in fast.keys(True, True):
+        a, e = fast.get(key), slow.get(key)
+        assert a.dtype == e.dtype and a.shape == e.shape, key
+        assert torch.equal(_bits(a), _bits(e)), key
+    assert torch.isfinite(fast.get(module.out_keys[0])).all()

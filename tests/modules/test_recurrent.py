@@ -646,3 +646,62 @@ def test_compile_smoke_recurrent_mode_scan(kind):
 
     compiled = torch.compile(forward, backend="eager")
     _assert_sameoutputs_of(module, compiled(data.clone()), forward(data.clone()))
+
+
+def _hook_module_and_data():
+    from recurrl.modules import LSTMModule
+
+    module = LSTMModule(3, 4, in_key="x", out_key="y")
+    td = TensorDict(
+        {"x": torch.randn(2, 3), "is_init": torch.ones(2, 1, dtype=torch.bool)}, batch_size=[2]
+    )
+    return module, td
+
+
+@pytest.mark.filterwarnings("ignore:For backward hooks to be called")
+@pytest.mark.parametrize("hook", ["forward_pre", "forward", "global_forward", "backward"])
+def test_call_runs_hooks_as_nn_module_does(hook):
+    # __call__ skips nn.Module.__call__'s frames only when nothing hooks in
+    module, td = _hook_module_and_data()
+    calls, slow_calls = [], []
+    call_impl = module._call_impl
+
+    def spy(*args, **kwargs):
+        slow_calls.append(1)
+        return call_impl(*args, **kwargs)
+
+    module._call_impl = spy
+    module(td.clone())
+    assert slow_calls == []
+    if hook == "forward_pre":
+        handle = module.register_forward_pre_hook(lambda m, args: calls.append(hook))
+    elif hook == "forward":
+        handle = module.register_forward_hook(lambda m, args, out: calls.append(hook))
+    elif hook == "global_forward":
+        handle = torch.nn.modules.module.register_module_forward_hook(
+            lambda m, args, out: calls.append(hook)
+        )
+    else:
+        # wired by nn.Module.__call__ on tensor arguments only (none here), so not called
+        handle = module.register_full_backward_pre_hook(lambda m, grad: calls.append(hook))
+    try:
+        module(td.clone())
+    finally:
+        handle.remove()
+    assert slow_calls == [1]
+    assert calls == ([] if hook == "backward" else [hook])
+    module(td.clone())
+    assert slow_calls == [1]
+
+
+def test_call_goes_through_a_compiled_call():
+    module, td = _hook_module_and_data()
+    seen = []
+
+    def compiled(*args, **kwargs):
+        seen.append(args)
+        return module._call_impl(*args, **kwargs)
+
+    module._compiled_call_impl = compiled
+    out = module(td)
+    assert len(seen) == 1 and out is td and "y" in td
