@@ -161,6 +161,32 @@ def test_hidden_state_carried_across_steps_and_batches():
         )
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_collected_batches_are_not_modified_by_later_steps(seed):
+    # Partial resets fill and merge the carried root out of place: a batch handed out (and
+    # every chunk stacked into it) keeps its values while the collector goes on stepping
+    # from the states it holds.
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 6, (int(torch.randint(2, 5, (), generator=g)),), generator=g)
+    frames = len(lengths) * (_CHUNK_STEPS + int(torch.randint(1, 9, (), generator=g)))
+    _, policy = make_policy()
+    env = CountingEnv(batch_size=(len(lengths),), max_steps=lengths.tolist())
+    collector = Collector(env, policy, frames_per_batch=frames)
+    batches, copies = [], []
+    for batch in itertools.islice(collector, 3):
+        batches.append(batch)
+        copies.append(batch.clone())
+    for batch, copy in zip(batches, copies):
+        assert (batch == copy).all()
+    data = torch.cat(batches, dim=1)
+    is_init = data["is_init"].squeeze(-1)
+    for key in STATE_KEYS:  # no state crosses an episode start
+        assert data[key][is_init].abs().max() == 0
+        # the states the policy wrote, the root's at the next step, are the LSTM's (never
+        # zero) also where that next root was reset: the reset did not write into them
+        assert (data["next", key].abs().sum((-1, -2)) > 0).all()
+
+
 @pytest.mark.parametrize("backend", ["pad", "scan"])
 def test_recurrent_replay_reproduces_collected_features(backend):
     lstm, _, batches = collect(3)
