@@ -3,6 +3,10 @@
 Batch [8], F=16, H=64: the reference is ``nn.LSTMCell``/``nn.GRUCell`` on plain tensors
 (no TensorDict, no reset handling), i.e. the floor for one collection step.
 
+Every call resets one of the 8 rows (``is_init[0]`` True), so the modules mask their states
+each time; the ``no reset`` lines repeat the comparison with ``is_init`` all False (the
+modules then skip the masking).
+
 Run: ``python benchmarks/single_step.py [--threads N] [--clock thread]``
 
 ``--clock thread`` times with the CPU time of the calling thread instead of wall time: on a
@@ -42,10 +46,13 @@ def main() -> None:
     )
     torch.manual_seed(0)
     x = torch.randn(B, F)
-    is_init = torch.zeros(B, 1, dtype=torch.bool)
-    is_init[0] = True
+    reset = torch.zeros(B, 1, dtype=torch.bool)
+    reset[0] = True
     with torch.no_grad():
-        for kind in ("lstm", "gru"):
+        for (kind, label), is_init in zip(
+            [(k, lbl) for lbl in ("", " no reset") for k in ("lstm", "gru")],
+            [reset, reset, torch.zeros_like(reset), torch.zeros_like(reset)],
+        ):
             states = ["h", "c"] if kind == "lstm" else ["h"]
             cell = torch.nn.LSTMCell(F, H) if kind == "lstm" else torch.nn.GRUCell(F, H)
             hx = tuple(torch.randn(B, H) for _ in states)
@@ -66,7 +73,7 @@ def main() -> None:
                 fns["python" if python_based else "fused"] = lambda m=module, td=td: m(td)
             times = compare(fns, rounds=9, inner=200, clock=clock)
             print(
-                f"{kind.upper():4} cell={times['cell'] * 1e6:6.1f}us  "
+                f"{kind.upper():4}{label} cell={times['cell'] * 1e6:6.1f}us  "
                 f"module={times['fused'] * 1e6:6.1f}us ({times['fused'] / times['cell']:.2f}x)  "
                 f"python_based={times['python'] * 1e6:6.1f}us "
                 f"({times['python'] / times['cell']:.2f}x)"
