@@ -97,7 +97,7 @@ class EnvCreator:
         >>> creator = EnvCreator(lambda: GymEnv("CartPole-v1"))
         >>> creator.meta_data.specs["observation"]["observation"].shape
         torch.Size([4])
-        >>> env = pickle.loads(pickle.dumps(creator))()  # a lambda inside, pickled
+        >>> env = pickle.loads(pickle.dumps(creator))()  # trusted: own object, a lambda inside
         >>> env.reset()["observation"].shape
         torch.Size([4])
     """

@@ -43,7 +43,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         >>> type(storage.data["obs"]).__name__, storage.data["obs"].sum().item()
         ('MemoryMappedTensor', 6.0)
         >>> import pickle
-        >>> copy = pickle.loads(pickle.dumps(storage))  # own files, same steps
+        >>> copy = pickle.loads(pickle.dumps(storage))  # trusted: own object, same steps
         >>> copy.scratch_dir != storage.scratch_dir, copy.data["obs"].sum().item()
         (True, 6.0)
     """
