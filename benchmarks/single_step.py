@@ -7,6 +7,10 @@ Every call resets one of the 8 rows (``is_init[0]`` True), so the modules mask t
 each time; the ``no reset`` lines repeat the comparison with ``is_init`` all False (the
 modules then skip the masking).
 
+The ``cpp`` column is the same module built with ``recurrent_backend="cpp"``, whose step is
+one C++ operator (``recurrl/functional/recurrent/cpp_step.py``: reset, gates and new states);
+it is left out, with the reason, where the C++ extension cannot be built.
+
 Run: ``python benchmarks/single_step.py [--threads N] [--clock thread]``
 
 ``--clock thread`` times with the CPU time of the calling thread instead of wall time: on a
@@ -27,6 +31,7 @@ from tensordict import TensorDict
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import compare
 
+from recurrl._ext import extension_unavailable_reason, load_extension
 from recurrl.modules import GRUModule, LSTMModule
 
 B, F, H = 8, 16, 64
@@ -44,6 +49,11 @@ def main() -> None:
         f"torch {torch.__version__}, threads={torch.get_num_threads()}, B={B} F={F} H={H}, "
         f"clock={args.clock}"
     )
+    cpp_reason = extension_unavailable_reason()
+    if cpp_reason is None:
+        load_extension()  # compiled before timing (once, ~1 min)
+    else:
+        print(f"cpp column left out: the C++ extension cannot be built here ({cpp_reason})")
     torch.manual_seed(0)
     x = torch.randn(B, F)
     reset = torch.zeros(B, 1, dtype=torch.bool)
@@ -58,25 +68,34 @@ def main() -> None:
             hx = tuple(torch.randn(B, H) for _ in states)
             cls = LSTMModule if kind == "lstm" else GRUModule
             fns = {"cell": (lambda cell=cell, hx=hx: cell(x, hx if len(hx) > 1 else hx[0]))}
-            for python_based in (False, True):
+            variants = {"fused": {}, "python": {"python_based": True}}
+            if cpp_reason is None:
+                variants["cpp"] = {"recurrent_backend": "cpp"}
+            for name, kwargs in variants.items():
                 module = cls(
                     F,
                     H,
-                    python_based=python_based,
                     in_keys=["obs", *states],
                     out_keys=["out", *(("next", s) for s in states)],
+                    **kwargs,
                 )
                 td = TensorDict(
                     {"obs": x, "is_init": is_init, **{s: torch.randn(B, 1, H) for s in states}},
                     batch_size=[B],
                 )
-                fns["python" if python_based else "fused"] = lambda m=module, td=td: m(td)
+                fns[name] = lambda m=module, td=td: m(td)
             times = compare(fns, rounds=9, inner=200, clock=clock)
+            cell = times["cell"]
+            cpp = (
+                f"  cpp={times['cpp'] * 1e6:6.1f}us ({times['cpp'] / cell:.2f}x)"
+                if "cpp" in times
+                else ""
+            )
             print(
-                f"{kind.upper():4}{label} cell={times['cell'] * 1e6:6.1f}us  "
-                f"module={times['fused'] * 1e6:6.1f}us ({times['fused'] / times['cell']:.2f}x)  "
+                f"{kind.upper():4}{label} cell={cell * 1e6:6.1f}us  "
+                f"module={times['fused'] * 1e6:6.1f}us ({times['fused'] / cell:.2f}x)  "
                 f"python_based={times['python'] * 1e6:6.1f}us "
-                f"({times['python'] / times['cell']:.2f}x)"
+                f"({times['python'] / cell:.2f}x){cpp}"
             )
 
 

@@ -77,3 +77,14 @@ def ray_session():
     yield ray
     if started:
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def cpp_extension() -> None:
+    """recurrl's C++ kernels, built once per session; a skip saying why where they cannot be."""
+    from recurrl import _ext
+
+    reason = _ext.extension_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"recurrl's C++ kernels cannot be built here: {reason}")
+    _ext.load_extension()

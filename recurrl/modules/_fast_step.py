@@ -15,7 +15,11 @@ states are plain tensors of the expected shapes and dtypes, with:
   raises tensordict's own error;
 * one-layer networks stepped on ``[N, S]`` states with the reset applied there
   (:func:`~recurrl.functional.recurrent.step.single_layer_step`), without the
-  ``[N, 1, S]`` round trip of :func:`~recurrl.functional.recurrent.recurrent_step`.
+  ``[N, 1, S]`` round trip of :func:`~recurrl.functional.recurrent.recurrent_step`;
+* with ``recurrent_backend="cpp"``, a one-layer LSTM or GRU stepped by one C++ operator
+  (:func:`~recurrl.functional.recurrent.cpp_step.cpp_step_fn`: reset, gates and new
+  ``[N, 1, S]`` states in one call), where autograd need not record; the checked path calls
+  the same step.
 
 Anything else returns ``None`` before writing anything, and the module takes its checked
 path (:meth:`RecurrentModule._step_checked`), which converts what it can and raises the
@@ -33,12 +37,13 @@ from torch import Tensor
 
 from recurrl.functional.recurrent import RNNConfig, recurrent_step
 from recurrl.functional.recurrent.cell import GRUKind, LSTMKind
+from recurrl.functional.recurrent.cpp_step import cpp_step_fn
 from recurrl.functional.recurrent.step import single_layer_step
 
 if TYPE_CHECKING:
     from recurrl.modules.recurrent import RecurrentModule
 
-__all__ = ["StepPlan", "fast_step"]
+__all__ = ["StepPlan", "fast_step", "step_plan"]
 
 _BOOL = torch.bool
 # map with C-level callables instead of comprehensions, which cost a function frame each on
@@ -50,18 +55,20 @@ _ADD_LAYER = methodcaller("unsqueeze", -2)
 class StepPlan:
     """What :func:`fast_step` needs of a module, derived from its keys and network once.
 
-    Rebuilt when the module's config (``_cfg``), ``python_based`` or keys change (compared at
-    every call: the keys are assignable lists).
+    Rebuilt when the module's config (``_cfg``), ``python_based``, recurrent options or keys
+    change (compared at every call: the keys are assignable lists).
     """
 
     __slots__ = (
-        "batches", "cell", "cfg", "fused", "in_keys", "kind", "next_keys", "out_key",
-        "out_keys", "params", "plain_in", "python_based", "single_layer", "state_keys", "x_key",
+        "batches", "cell", "cfg", "cpp_step", "fused", "in_keys", "kind", "next_keys",
+        "options", "out_key", "out_keys", "params", "plain_in", "python_based", "single_layer",
+        "state_keys", "x_key",
     )  # fmt: skip
 
     def __init__(self, module: RecurrentModule, cfg: RNNConfig) -> None:
         self.cfg = cfg
         self.python_based = module.python_based
+        self.options = module._recurrent_options
         self.in_keys = list(module._in_keys)
         self.out_keys = list(module._out_keys)
         #: input and state keys (``is_init`` is read by name)
@@ -89,6 +96,11 @@ class StepPlan:
                 self.cell = torch.lstm_cell
             elif type(self.kind) is GRUKind:
                 self.cell = torch.gru_cell
+        #: the C++ step of a one-layer LSTM/GRU with ``recurrent_backend="cpp"`` (opt-in; it
+        #: rounds as the cpp scan does, not as torch's cells), else ``None``
+        self.cpp_step = None
+        if self.options.backend == "cpp" and not self.python_based:
+            self.cpp_step = cpp_step_fn(cfg)
         #: per batch size, see :meth:`shapes`
         self.batches: dict[torch.Size, tuple[Any, ...]] = {}
 
@@ -112,8 +124,9 @@ class StepPlan:
         return shapes
 
 
-def _plan(module: RecurrentModule) -> StepPlan:
-    """The module's plan, rebuilt if its config, ``python_based`` or keys changed."""
+def step_plan(module: RecurrentModule) -> StepPlan:
+    """The module's plan, rebuilt if its config, ``python_based``, recurrent options or keys
+    changed."""
     # what module._current_config() does, inlined (this runs at every env step)
     cfg = module._cfg
     if cfg.dropout != module._modules[module._rnn_name].dropout:
@@ -123,6 +136,7 @@ def _plan(module: RecurrentModule) -> StepPlan:
         plan is None
         or plan.cfg is not cfg
         or plan.python_based != module.python_based
+        or plan.options is not module._recurrent_options
         or plan.in_keys != module._in_keys
         or plan.out_keys != module._out_keys
     ):
@@ -229,6 +243,25 @@ def _one_layer(
     return y.reshape(y_shape), [s.reshape(shape) for s, shape in zip(new, out_shapes)]
 
 
+def _cpp(
+    plan: StepPlan, weights: list[Tensor], x: Tensor, is_init: Tensor, states: list[Tensor],
+    shapes: tuple[Any, ...],
+) -> tuple[Tensor, Any] | None:  # fmt: skip
+    """The C++ step (``plan.cpp_step``): the reset, the gates and the new states in one
+    operator; ``None`` where it cannot run (autograd would record, not CPU float32/float64):
+    torch's cells run instead."""
+    _, _, state_shapes, n, flat, y_shape, out_shapes = shapes
+    if flat:  # [N, 1, S] states in and out
+        return plan.cpp_step(x, states, is_init, weights)
+    x = x.reshape(n, x.shape[-1])
+    states = [s.reshape(n, shape[-1]) for s, shape in zip(states, state_shapes)]
+    out = plan.cpp_step(x, states, is_init.reshape(n), weights)
+    if out is None:
+        return None
+    y, new = out
+    return y.reshape(y_shape), [s.reshape(shape) for s, shape in zip(new, out_shapes)]
+
+
 def _layers(
     module: RecurrentModule, plan: StepPlan, weights: list[Tensor], x: Tensor, is_init: Tensor,
     states: list[Tensor], shapes: tuple[Any, ...],
@@ -291,7 +324,7 @@ def _write(plan: StepPlan, td: TensorDict, y: Tensor, new: list[Tensor]) -> None
 def fast_step(module: RecurrentModule, td: TensorDict) -> TensorDict | None:
     """One sequential step of ``module`` on the plain ``TensorDict`` ``td``, written into it
     and returned; ``None``, with ``td`` untouched, when the call is not the usual one."""
-    plan = _plan(module)
+    plan = step_plan(module)
     batch = td._batch_size
     shapes = plan.batches.get(batch) or plan.shapes(batch)
     rnn = module._modules[module._rnn_name]  # module._flat_weights(), inlined
@@ -299,7 +332,10 @@ def fast_step(module: RecurrentModule, td: TensorDict) -> TensorDict | None:
     read = _read(plan, td, shapes, weights[0].dtype)
     if read is None:
         return None
-    if plan.single_layer:
+    out = None if plan.cpp_step is None else _cpp(plan, weights, *read, shapes)
+    if out is not None:
+        y, new = out
+    elif plan.single_layer:
         y, new = _one_layer(plan, weights, *read, shapes)
     else:
         y, new = _layers(module, plan, weights, *read, shapes)

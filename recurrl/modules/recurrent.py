@@ -35,7 +35,7 @@ from recurrl.functional.recurrent import (
     recurrent_unroll,
 )
 from recurrl.modules._arg_docs import complete_arguments_doc
-from recurrl.modules._fast_step import StepPlan, fast_step
+from recurrl.modules._fast_step import StepPlan, fast_step, step_plan
 from recurrl.modules._readers import IS_INIT_KEY, CheckedReaders, _as_key, _show
 from recurrl.modules.recurrent_mode import _current
 
@@ -124,9 +124,10 @@ class RecurrentModule(CheckedReaders, TensorDictModuleBase):
         recurrent_backend: how recurrent mode handles resets: ``"pad"`` (split at resets, run
             torch's fused kernel on the pieces), ``"scan"`` (time loop with ``where``),
             ``"triton"`` (GPU kernel), ``"cpp"`` (scan's loop in C++ on CPU, compiled on
-            first use; opt-in) or ``"auto"`` (the fastest for the input among pad, scan and
-            triton; see ``docs/implementation_details.md``). All give the same numbers up to
-            float rounding. Default: "pad".
+            first use; opt-in; a one-layer network's sequential step then runs in C++ too,
+            where autograd does not record) or ``"auto"`` (the fastest for the input among
+            pad, scan and triton; see ``docs/implementation_details.md``). All give the same
+            numbers up to float rounding. Default: "pad".
         recurrent_compute_dtype: dtype of the ``triton`` backend's recurrent matmul
             (``torch.float32`` or ``torch.bfloat16``). Default: ``torch.float32``.
         recurrent_recompute: ``"none"`` or ``"full"`` (recompute activations in backward;
@@ -706,12 +707,29 @@ class RecurrentModule(CheckedReaders, TensorDictModuleBase):
         batch = td.batch_size
         weights = self._flat_weights()
         x, is_init, *states = self._read_step(td, batch, weights[0].dtype)
+        flat = len(batch) == 1
+        cpp_step = step_plan(self).cpp_step  # recurrent_backend="cpp": the fast path's step
+        out = None if cpp_step is None else cpp_step(x, states, is_init, weights)
+        if out is not None:
+            y, new_states = out
+        else:
+            y, new_states = self._cells_step(x, is_init, states, weights)
+        td.set(self.out_keys_source[0], y if flat else y.reshape(*batch, y.shape[-1]))
+        for key, s in zip(self.out_keys_source[1:], new_states, strict=True):
+            td.set(key, s if flat else s.reshape(*batch, *s.shape[-2:]))
+        return td
+
+    def _cells_step(
+        self, x: Tensor, is_init: Tensor, states: list[Tensor], weights: list[Tensor]
+    ) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """One step of torch's (or the python-native) cells on ``[N, L, S]`` states, the
+        reset applied first."""
         # Skipping the reset when nothing restarts is free on CPU; elsewhere it would cost a
         # device synchronisation per step, so the masking always runs there.
         if not is_init.is_cpu or bool(is_init.any()):
             reset = is_init.view(-1, 1, 1)
             states = [s.masked_fill(reset, 0) for s in states]
-        y, new_states = recurrent_step(
+        return recurrent_step(
             self._current_config(),
             weights,
             x,
@@ -719,11 +737,6 @@ class RecurrentModule(CheckedReaders, TensorDictModuleBase):
             training=self.training,
             python_based=self.python_based,
         )
-        flat = len(batch) == 1
-        td.set(self.out_keys_source[0], y if flat else y.reshape(*batch, y.shape[-1]))
-        for key, s in zip(self.out_keys_source[1:], new_states, strict=True):
-            td.set(key, s if flat else s.reshape(*batch, *s.shape[-2:]))
-        return td
 
     def _forward_sequence(self, td: TensorDictBase) -> TensorDictBase:
         batch = td.batch_size

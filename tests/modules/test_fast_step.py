@@ -394,3 +394,130 @@ def test_reset_rows_with_nan_and_negative_zero_match_the_oracle(kind, dtype, see
         assert a.dtype == e.dtype and a.shape == e.shape, key
         assert torch.equal(_bits(a), _bits(e)), key
     assert torch.isfinite(fast.get(module.out_keys[0])).all()
+
+
+# ------------------------------------------------------------------ recurrent_backend="cpp"
+def _cpp_module(kind: str, layers: int = 1):
+    """A module whose step is the C++ operator (the tests calling it take the
+    ``cpp_extension`` fixture: skipped where the extension cannot be built)."""
+    return MODULES[kind](F_IN, H, layers, in_key="x", out_key="y", recurrent_backend="cpp")
+
+
+@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.usefixtures("cpp_extension")
+def test_cpp_step_matches_the_oracle(seed):
+    """The fast and the checked path call the same C++ step: identical TensorDicts, the
+    output in memory of its own (torch's path makes it a view of the new ``h``), NaN in the
+    restarting rows overwritten, the numbers of torch's cells up to rounding."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    kind = rng.choice(["lstm", "gru"])
+    dtype = rng.choice([torch.float32, torch.float64])
+    module = _cpp_module(kind).to(dtype)
+    batch = rng.choice([(rng.randint(1, 9),), (rng.randint(1, 4), rng.randint(1, 3)), (0,)])
+    is_init = _is_init(batch, rng)
+    td = _data(module, batch, is_init, dtype=dtype)
+    for key in module.state_keys:
+        td.set(key, td.get(key).masked_fill(is_init.unsqueeze(-1), float("nan")))
+    with torch.no_grad():
+        fast, slow, answered = _run_both(module, td)
+        reference = _module(kind, 1).to(dtype)
+        reference.load_state_dict(module.state_dict())
+        expected = reference(td.clone())
+    assert answered and module._step_plan.cpp_step is not None
+    # the inputs keep their NaN (unequal to itself): compared without them
+    fast, slow = fast.exclude(*module.state_keys), slow.exclude(*module.state_keys)
+    assert_identical(fast, slow)
+    assert _sharing(fast) == []
+    assert torch.isfinite(fast.get(module.out_keys[0])).all()
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-12, rtol=0)
+    for key in [module.out_keys[0], *module.out_keys[1:]]:
+        torch.testing.assert_close(fast.get(key), expected.get(key), **tol)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.usefixtures("cpp_extension")
+def test_cpp_step_equals_its_recurrent_mode(kind, dtype):
+    """Steps of the C++ operator, one at a time with random restarts, against the ``cpp``
+    recurrent mode over the whole sequence (the restarting steps' stored states zero, as the
+    primer writes them)."""
+    torch.manual_seed(0)
+    module = _cpp_module(kind).to(dtype)
+    n, steps = 5, 12
+    x = torch.randn(n, steps, F_IN, dtype=dtype)
+    is_init = torch.rand(n, steps, 1) < 0.25
+    is_init[:, 0] = True
+    spec = module.recurrent_state_spec
+    states = {key: torch.zeros(n, *shape, dtype=dtype) for key, (shape, _) in spec.items()}
+    stored = {key: [] for key in spec}
+    ys = []
+    with torch.no_grad():
+        for t in range(steps):
+            td = TensorDict({"x": x[:, t], "is_init": is_init[:, t], **states}, batch_size=[n])
+            for key in spec:
+                stored[key].append(td.get(key).masked_fill(is_init[:, t].unsqueeze(-1), 0))
+            out = module(td)
+            ys.append(out["y"])
+            states = {key: out.get(("next", key)) for key in spec}
+        seq = TensorDict(
+            {"x": x, "is_init": is_init, **{k: torch.stack(v, 1) for k, v in stored.items()}},
+            batch_size=[n, steps],
+        )
+        with set_recurrent_mode(True):
+            whole = module(seq)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-12, rtol=0)
+    torch.testing.assert_close(whole["y"], torch.stack(ys, 1), **tol)
+    for key in spec:
+        torch.testing.assert_close(whole["next", key][:, -1], states[key], **tol)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.usefixtures("cpp_extension")
+def test_cpp_step_under_autograd_runs_torch_cells(kind):
+    """Where autograd records (grad mode, weights requiring grad) the step is torch's cells,
+    bit for bit those of the default backend, on both paths; gradients flow."""
+    torch.manual_seed(1)
+    module = _cpp_module(kind)
+    reference = _module(kind, 1)
+    reference.load_state_dict(module.state_dict())
+    td = _data(module, (4,), torch.tensor([[True], [False], [True], [False]]))
+    fast, slow, answered = _run_both(module, td)
+    assert answered
+    assert_identical(fast, slow)
+    assert_identical(fast, reference(td.clone()))
+    fast["y"].sum().backward()
+    assert all(p.grad is not None for p in module.parameters())
+
+
+@pytest.mark.usefixtures("cpp_extension")
+def test_assigned_backend_rebuilds_the_plan():
+    module = _cpp_module("gru")
+    module.recurrent_backend = "pad"
+    td = _data(module, (3,), torch.tensor([[True], [False], [True]]))
+    with torch.no_grad():
+        default = module(td.clone())
+        assert module._step_plan.cpp_step is None
+        module.recurrent_backend = "cpp"
+        fast, slow, answered = _run_both(module, td)
+    assert module._step_plan.cpp_step is not None
+    assert answered
+    assert_identical(fast, slow)
+    torch.testing.assert_close(fast["y"], default["y"], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.usefixtures("cpp_extension")
+def test_cpp_stacked_networks_step_with_torch_cells(kind):
+    """Several layers: no C++ step (the scan's kernels run one layer); torch's cells, as the
+    default backend's."""
+    module = _cpp_module(kind, 2)
+    reference = _module(kind, 2)
+    reference.load_state_dict(module.state_dict())
+    td = _data(module, (3,), torch.tensor([[True], [False], [False]]))
+    with torch.no_grad():
+        fast, slow, answered = _run_both(module, td)
+        expected = reference(td.clone())
+    assert answered and module._step_plan.cpp_step is None
+    assert_identical(fast, slow)
+    assert_identical(fast, expected)

@@ -586,6 +586,186 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> gru_scan_backward(
   return {dxp, dsh, dw, db};
 }
 
+// ------------------------------------------------------------------------------ one step
+// One step of a one-layer LSTM/GRU, the ``cpp`` backend's sequential step (the modules' acting
+// step; recurrl/functional/recurrent/cpp_step.py): x [N, F], each state [N, H] or [N, 1, H],
+// reset [N] or [N, 1] bool or None. A restarting row's incoming state is zero, selected (never
+// multiplied), so a NaN or inf stored there never reaches the step. The projections go by BLAS
+// into one scratch buffer (x W_ih^T on top of the bias, h W_hh^T), then the scan's row kernels
+// above: the numbers of one step of the scan. Returns the output y [N, H] and the new states,
+// each shaped as its input (y is a tensor of its own: the module stores the states as the next
+// step's). Inference only: no autograd formula (the Python side falls back to torch's cells
+// where autograd would record).
+void check_step(const char* op, const Tensor& x, const std::optional<Tensor>& reset,
+                const Tensor& w_ih, const Tensor& w_hh, const std::optional<Tensor>& b_ih,
+                const std::optional<Tensor>& b_hh, int64_t gates,
+                std::initializer_list<const Tensor*> states) {
+  TORCH_CHECK(x.device().is_cpu(), op, ": expected CPU tensors, received ", x.device(),
+              ". Fix: move the module and its inputs to the CPU, or use torch's cells there.");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, op,
+              ": expected float32 or float64, received ", x.scalar_type(),
+              ". Fix: convert the module and its inputs (module.float()).");
+  TORCH_CHECK(x.dim() == 2, op, ": expected x [N, F], received ", x.sizes());
+  const int64_t n = x.size(0), hid = w_hh.dim() == 2 ? w_hh.size(1) : -1;
+  TORCH_CHECK(w_hh.dim() == 2 && w_hh.size(0) == gates * hid, op, ": expected w_hh [", gates,
+              "*H, H], received ", w_hh.sizes());
+  TORCH_CHECK(w_ih.dim() == 2 && w_ih.size(0) == gates * hid && w_ih.size(1) == x.size(1), op,
+              ": expected w_ih [", gates * hid, ", ", x.size(1), "], received ", w_ih.sizes());
+  for (const Tensor* w : {&w_ih, &w_hh}) {
+    TORCH_CHECK(w->scalar_type() == x.scalar_type() && w->device().is_cpu(), op,
+                ": expected the weights on the CPU in x's dtype ", x.scalar_type(),
+                ", received ", w->scalar_type(), " on ", w->device());
+  }
+  for (const auto* b : {&b_ih, &b_hh}) {
+    if (!b->has_value() || !(*b)->defined()) continue;
+    TORCH_CHECK((*b)->dim() == 1 && (*b)->size(0) == gates * hid &&
+                    (*b)->scalar_type() == x.scalar_type() && (*b)->device().is_cpu(),
+                op, ": expected a bias [", gates * hid, "] of ", x.scalar_type(), ", received ",
+                (*b)->sizes(), " of ", (*b)->scalar_type());
+  }
+  for (const Tensor* s : states) {
+    const bool shaped = (s->dim() == 2 && s->size(0) == n && s->size(1) == hid) ||
+                        (s->dim() == 3 && s->size(0) == n && s->size(1) == 1 && s->size(2) == hid);
+    TORCH_CHECK(shaped && s->scalar_type() == x.scalar_type() && s->device().is_cpu(), op,
+                ": expected states [", n, ", ", hid, "] or [", n, ", 1, ", hid, "] of ",
+                x.scalar_type(), ", received ", s->sizes(), " of ", s->scalar_type());
+  }
+  if (reset.has_value() && reset->defined()) {
+    const Tensor& r = *reset;
+    TORCH_CHECK(r.scalar_type() == at::kBool && r.numel() == n && r.device().is_cpu() &&
+                    (r.dim() == 1 || (r.dim() == 2 && r.size(1) == 1)),
+                op, ": expected reset [", n, "] or [", n, ", 1] bool, received ", r.sizes(),
+                " of ", r.scalar_type());
+  }
+}
+
+// The reset rows' flags (nullptr: no reset), the mask made contiguous in ``keep``.
+const bool* reset_flags(const std::optional<Tensor>& reset, Tensor& keep) {
+  if (!reset.has_value() || !reset->defined()) return nullptr;
+  keep = reset->contiguous();
+  return keep.const_data_ptr<bool>();
+}
+
+// hin = reset ? 0 : h, row by row (a select: NaN in a reset row is not read).
+template <typename T>
+void select_rows(const T* h, const bool* reset, int64_t n, int64_t hid, T* hin) {
+  for (int64_t row = 0; row < n; ++row) {
+    if (reset != nullptr && reset[row]) {
+      std::memset(hin + row * hid, 0, hid * sizeof(T));
+    } else {
+      std::memcpy(hin + row * hid, h + row * hid, hid * sizeof(T));
+    }
+  }
+}
+
+// gx = x W_ih^T + bias (bias: nullptr for none), gh = hin W_hh^T; both [N, G*H].
+template <typename T>
+void step_projections(int64_t n, int64_t f, int64_t hid, int64_t gates, const T* x,
+                      const T* hin, const T* w_ih, const T* w_hh, const T* bias, T* gx, T* gh) {
+  const int64_t width = gates * hid;
+  T beta = T(0);
+  if (bias != nullptr) {
+    for (int64_t row = 0; row < n; ++row) std::memcpy(gx + row * width, bias, width * sizeof(T));
+    beta = T(1);
+  } else if (f == 0) {
+    std::memset(gx, 0, n * width * sizeof(T));
+  }
+  mm<T>(false, true, n, width, f, x, f, w_ih, f, beta, gx, width);
+  mm<T>(false, true, n, width, hid, hin, hid, w_hh, hid, T(0), gh, width);
+}
+
+std::tuple<Tensor, Tensor, Tensor> lstm_step(const Tensor& x_, const Tensor& h_,
+                                             const Tensor& c_,
+                                             const std::optional<Tensor>& reset,
+                                             const Tensor& w_ih_, const Tensor& w_hh_,
+                                             const std::optional<Tensor>& b_ih,
+                                             const std::optional<Tensor>& b_hh) {
+  const char* op = "recurrl::lstm_step";
+  read_mm_setting();
+  check_step(op, x_, reset, w_ih_, w_hh_, b_ih, b_hh, 4, {&h_, &c_});
+  const Tensor x = x_.contiguous(), h = h_.contiguous(), c = c_.contiguous();
+  const Tensor w_ih = w_ih_.contiguous(), w_hh = w_hh_.contiguous();
+  const int64_t n = x.size(0), f = x.size(1), hid = w_hh.size(1), g4 = 4 * hid;
+  Tensor keep;
+  const bool* flags = reset_flags(reset, keep);
+  // the LSTM only ever uses the sum of its two biases (as LSTMKind.project)
+  Tensor bias;
+  if (b_ih.has_value() && b_ih->defined() && b_hh.has_value() && b_hh->defined()) {
+    bias = at::add(*b_ih, *b_hh);
+  } else if (b_ih.has_value() && b_ih->defined()) {
+    bias = b_ih->contiguous();
+  } else if (b_hh.has_value() && b_hh->defined()) {
+    bias = b_hh->contiguous();
+  }
+  // scratch: gx, gh [N, 4H]; hin, tc [N, H]; a zero state row [H]
+  Tensor scratch = at::empty({2 * n * g4 + 2 * n * hid + hid}, x.options());
+  Tensor y = at::empty({n, hid}, x.options());
+  Tensor h1 = at::empty(h.sizes(), x.options()), c1 = at::empty(c.sizes(), x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "lstm_step", [&] {
+    using T = scalar_t;
+    T* gx = scratch.mutable_data_ptr<T>();
+    T *gh = gx + n * g4, *hin = gh + n * g4, *tc = hin + n * hid, *zero = tc + n * hid;
+    std::memset(zero, 0, hid * sizeof(T));
+    select_rows(h.const_data_ptr<T>(), flags, n, hid, hin);
+    step_projections<T>(n, f, hid, 4, x.const_data_ptr<T>(), hin, w_ih.const_data_ptr<T>(),
+                        w_hh.const_data_ptr<T>(),
+                        bias.defined() ? bias.const_data_ptr<T>() : nullptr, gx, gh);
+    const T* cp = c.const_data_ptr<T>();
+    T *yp = y.mutable_data_ptr<T>(), *hp = h1.mutable_data_ptr<T>();
+    T* cq = c1.mutable_data_ptr<T>();
+    for_rows(n, 5 * hid, [&](int64_t r0, int64_t r1) {
+      for (int64_t row = r0; row < r1; ++row) {
+        const int64_t o4 = row * g4, o1 = row * hid;
+        const T* c_in = flags != nullptr && flags[row] ? zero : cp + o1;
+        lstm_fwd_row_f(hid, gx + o4, gh + o4, c_in, hp + o1, cq + o1, tc + o1);
+        std::memcpy(yp + o1, hp + o1, hid * sizeof(T));
+      }
+    });
+  });
+  return {y, h1, c1};
+}
+
+std::tuple<Tensor, Tensor> gru_step(const Tensor& x_, const Tensor& h_,
+                                    const std::optional<Tensor>& reset, const Tensor& w_ih_,
+                                    const Tensor& w_hh_, const std::optional<Tensor>& b_ih,
+                                    const std::optional<Tensor>& b_hh) {
+  const char* op = "recurrl::gru_step";
+  read_mm_setting();
+  check_step(op, x_, reset, w_ih_, w_hh_, b_ih, b_hh, 3, {&h_});
+  const Tensor x = x_.contiguous(), h = h_.contiguous();
+  const Tensor w_ih = w_ih_.contiguous(), w_hh = w_hh_.contiguous();
+  const int64_t n = x.size(0), f = x.size(1), hid = w_hh.size(1), g3 = 3 * hid;
+  Tensor keep;
+  const bool* flags = reset_flags(reset, keep);
+  const Tensor b_in = b_ih.has_value() && b_ih->defined() ? b_ih->contiguous() : Tensor();
+  const Tensor b_rec = b_hh.has_value() && b_hh->defined() ? b_hh->contiguous() : Tensor();
+  // scratch: gx, gh [N, 3H]; hin, nn, ghn [N, H]; rz [N, 2H]; a zero b_hh [3H]
+  Tensor scratch = at::empty({2 * n * g3 + 5 * n * hid + g3}, x.options());
+  Tensor y = at::empty({n, hid}, x.options()), h1 = at::empty(h.sizes(), x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "gru_step", [&] {
+    using T = scalar_t;
+    T* gx = scratch.mutable_data_ptr<T>();
+    T *gh = gx + n * g3, *hin = gh + n * g3, *nn = hin + n * hid, *ghn = nn + n * hid;
+    T *rz = ghn + n * hid, *zero = rz + 2 * n * hid;
+    const T* b = b_rec.defined() ? b_rec.const_data_ptr<T>() : zero;
+    if (!b_rec.defined()) std::memset(zero, 0, g3 * sizeof(T));
+    select_rows(h.const_data_ptr<T>(), flags, n, hid, hin);
+    step_projections<T>(n, f, hid, 3, x.const_data_ptr<T>(), hin, w_ih.const_data_ptr<T>(),
+                        w_hh.const_data_ptr<T>(),
+                        b_in.defined() ? b_in.const_data_ptr<T>() : nullptr, gx, gh);
+    T *yp = y.mutable_data_ptr<T>(), *hp = h1.mutable_data_ptr<T>();
+    for_rows(n, 4 * hid, [&](int64_t r0, int64_t r1) {
+      for (int64_t row = r0; row < r1; ++row) {
+        const int64_t o3 = row * g3, o1 = row * hid;
+        gru_fwd_row_f(hid, gx + o3, gh + o3, b, hin + o1, rz + 2 * o1, nn + o1, ghn + o1,
+                      hp + o1);
+        std::memcpy(yp + o1, hp + o1, hid * sizeof(T));
+      }
+    });
+  });
+  return {y, h1};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(recurrl, m) {
@@ -601,6 +781,12 @@ TORCH_LIBRARY_FRAGMENT(recurrl, m) {
   m.def(
       "gru_scan_backward(Tensor dh, Tensor reset, Tensor w_hh, Tensor hin, Tensor rz, "
       "Tensor nn, Tensor ghn) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "lstm_step(Tensor x, Tensor h, Tensor c, Tensor? reset, Tensor w_ih, Tensor w_hh, "
+      "Tensor? b_ih=None, Tensor? b_hh=None) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "gru_step(Tensor x, Tensor h, Tensor? reset, Tensor w_ih, Tensor w_hh, "
+      "Tensor? b_ih=None, Tensor? b_hh=None) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(recurrl, CPU, m) {
@@ -608,4 +794,6 @@ TORCH_LIBRARY_IMPL(recurrl, CPU, m) {
   m.impl("lstm_scan_backward", &lstm_scan_backward);
   m.impl("gru_scan_forward", &gru_scan_forward);
   m.impl("gru_scan_backward", &gru_scan_backward);
+  m.impl("lstm_step", &lstm_step);
+  m.impl("gru_step", &gru_step);
 }
