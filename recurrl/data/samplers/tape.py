@@ -10,6 +10,7 @@ burn-in, no stale stored state, no padding inside the tape.
 
 from __future__ import annotations
 
+import warnings
 from typing import Literal
 
 import numpy as np
@@ -66,7 +67,8 @@ class TapeSampler(Sampler):
       targets bootstrap there (recurrent mode's ``("next", state)`` is exact at that step,
       the end of a sequence). An episode longer than ``frames_per_tape`` is drawn like any
       other and then holds its first ``frames_per_tape`` steps (its later steps are never
-      trained on: use a budget above the longest episode, or slices, for such data).
+      trained on: use a budget above the longest episode, or slices, for such data; the
+      sampler warns once when it first meets such an episode).
     - ``"drop"``: it is put back and the tape is closed; the frames left are padding.
       Episodes longer than ``frames_per_tape`` are never drawn.
 
@@ -173,6 +175,7 @@ class TapeSampler(Sampler):
         self._tracker = SliceSampler(slice_len=1, traj_key=traj_key, end_key=end_key,
                                      init_key=None, truncated_key=None)  # fmt: skip
         self._episodes: tuple | None = None  # (cache key, piece starts/lengths, episodes)
+        self._warned_long = False  # warned once that an episode outgrows a tape
 
     @property
     def traj_key(self) -> NestedKey | None:
@@ -319,6 +322,16 @@ class TapeSampler(Sampler):
                 f", received {length.size} complete episodes (longest: {longest} steps; "
                 "episodes still being written or cut by wrap-around are not drawn); fix: "
                 "collect until episodes finish, or use a larger budget / overflow='cut'."
+            )
+        if drawable is None and not self._warned_long and length.size and length.max() > frames:
+            self._warned_long = True
+            warnings.warn(
+                f"TapeSampler: a stored episode has {int(length.max())} steps, more than "
+                f"frames_per_tape={frames}: with overflow='cut' its steps past the first "
+                f"{frames} are never replayed. Fix: frames_per_tape >= the longest episode "
+                "(recurrl train: --tape-frames), or slices (--sampler slice) for long "
+                "episodes.",
+                stacklevel=2,
             )
         parts = [self._tape(storage, frames, pool, first, count, length, piece_start, piece_len)
                  for _ in range(num_tapes)]  # fmt: skip

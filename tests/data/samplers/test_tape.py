@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import warnings
 
 import pytest
 import torch
@@ -165,12 +166,16 @@ def test_budget_shape_padding_and_long_episodes():
     cut = TensorDictReplayBuffer(storage=LazyTensorStorage(50), batch_size=8,
                                  sampler=TapeSampler(frames_per_tape=8, generator=g))  # fmt: skip
     cut.extend(data)
-    for _ in range(10):
-        check_batch(cut.sample(), 1, 8, {0: 20, 1: 3}, "cut")
+    with pytest.warns(UserWarning, match="20 steps, more than frames_per_tape=8") as record:
+        for _ in range(10):
+            check_batch(cut.sample(), 1, 8, {0: 20, 1: 3}, "cut")
+    assert len(record) == 1, "warned once, not at every sample"
     drop = TensorDictReplayBuffer(storage=LazyTensorStorage(50), batch_size=8,
                                   sampler=TapeSampler(overflow="drop", generator=g))  # fmt: skip
     drop.extend(data)
-    tape = drop.sample()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # drop never draws the long episode: nothing to warn
+        tape = drop.sample()
     assert (tape["tid"][:3] == 1).all() and not tape[MASK][3:].any()
     assert (tape["obs"][3:] == 0).all(), "padding is zeros"
 
