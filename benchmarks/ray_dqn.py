@@ -1,7 +1,8 @@
 """Recurrent DQN on Ray: learner updates/s and actor frames/s with 1, 2, 4 Ray actors.
 
 The recipe of ``recurrl train --algo dqn --collector ray --workers N --epsilon-schedule apex``
-(LSTM Q-network, slices with burn-in, the ``DQNConfig`` defaults otherwise) on CartPole whose
+(LSTM Q-network, R2D2's slices with burn-in: ``--sampler slice``, the ``DQNConfig`` defaults
+otherwise) on CartPole whose
 ``step`` sleeps 2 ms (``ray_collect.py``'s stand-in for a slow simulator), one env per actor.
 The actors write their batches into the :class:`~recurrl.data.RayReplayBuffer` actor while
 the learner samples slices from it; each batch the learner consumes is followed by
@@ -66,7 +67,7 @@ def build(workers: int, args: argparse.Namespace, run_dir: str):
         "--frames", str(10**8), "--frames-per-batch", str(args.frames_per_batch),
         "--learning-starts", str(args.learning_starts), "--seed", str(args.seed),
         "--num-threads", str(args.threads), "--run-dir", run_dir, "--quiet", "--no-plot",
-        "--no-tensorboard", "--eval-episodes", "0",
+        "--no-tensorboard", "--eval-episodes", "0", "--sampler", "slice",
     ]  # fmt: skip
     cfg = cli.config_from_args(cli.build_parser().parse_args(argv))
     return DQNTrainer(cfg)

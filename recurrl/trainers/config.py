@@ -389,7 +389,10 @@ class RunConfig:
 ALGOS = ("ppo", "dqn")
 #: options added after runs were already written, with the value those runs ran with (a
 #: config.json without the entry loads with it; see :meth:`TrainConfig.from_dict`)
-SAVED_BEFORE: dict[tuple[str, str], Any] = {("model", "recurrent_backend"): "pad"}
+SAVED_BEFORE: dict[tuple[str, str], Any] = {
+    ("model", "recurrent_backend"): "pad",
+    ("dqn", "sampler"): "slice",
+}
 #: ``EnvConfig.num_envs`` when it is None: the number each algorithm's recipe was tuned with
 DEFAULT_NUM_ENVS = {"ppo": 20, "dqn": 8}
 #: ``PPOConfig.num_minibatches`` when it is None: the largest divisor of a batch's rows up to this
@@ -401,7 +404,8 @@ class TrainConfig:
     """Everything a run needs; saved as ``run_dir/config.json``."""
 
     algo: Literal["ppo", "dqn"] = "ppo"
-    """Training algorithm: ppo, or dqn (recurrent DQN with burn-in on replayed slices)."""
+    """Training algorithm: ppo, or dqn (recurrent DQN on replayed whole episodes, or on
+    R2D2's slices with burn-in: DQNConfig.sampler)."""
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)

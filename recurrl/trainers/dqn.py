@@ -1,5 +1,5 @@
-"""The recurrent DQN recipe (R2D2-style): epsilon-greedy collection, replayed slices with
-burn-in, double DQN with a target network.
+"""The recurrent DQN recipe: epsilon-greedy collection, replayed whole-episode tapes (or
+R2D2's slices with burn-in), double DQN with a target network.
 
 One batch of the loop (:func:`train`):
 
@@ -9,7 +9,8 @@ One batch of the loop (:func:`train`):
    :func:`apex_epsilons`); hidden states ride in the TensorDict and are stored with every
    step;
 2. the ``[N, T]`` batch goes into a replay buffer (row by row: a slice never crosses rows);
-3. ``updates_per_batch`` times: a :class:`~recurrl.data.SliceSampler` draws ``num_slices``
+3. ``updates_per_batch`` times (with ``sampler="slice"``; the default tapes are below): a
+   :class:`~recurrl.data.SliceSampler` draws ``num_slices``
    slices of up to ``burn_in + train_len`` steps (``is_init`` at every slice start:
    recurrent mode restarts from the stored state there). ``min_slice_len=burn_in + 1``:
    a slice may start at any step with more than ``burn_in`` steps left in its episode and
@@ -25,8 +26,9 @@ One batch of the loop (:func:`train`):
    returns of rewards scaled by ``reward_scale``; Adam, gradient clipping, then a soft or
    hard target-network update.
 
-With ``sampler="tape"`` (``--sampler tape``), a :class:`~recurrl.data.TapeSampler` replaces
-step 3's slices: ``num_tapes`` tapes of ``tape_frames`` steps, each whole complete stored
+With ``sampler="tape"`` (what the default ``sampler="auto"`` picks unless a slice-only
+option is set; see :class:`~recurrl.trainers.DQNConfig`), a :class:`~recurrl.data.TapeSampler`
+replaces step 3's slices: ``num_tapes`` tapes of ``tape_frames`` steps, each whole complete stored
 episodes laid end to end (``is_init`` at every episode start, the stored zero state there),
 the one that does not fit cut at the budget and marked truncated (bootstrapped). The loss
 runs with ``burn_in=0`` (every sequence starts an episode from its exact initial state) on

@@ -7,13 +7,13 @@ command line's DQN options and their ``--help`` texts are generated from its fie
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from recurrl.trainers._config_checks import check_frames, finite, positive
 
 __all__ = ["DQNConfig"]
 
-#: ``DQNConfig.burn_in`` when it is None and ``sampler="slice"``
+#: ``DQNConfig.burn_in`` when it is None and the sampler is ``"slice"``
 DEFAULT_BURN_IN = 10
 
 
@@ -22,11 +22,22 @@ class DQNConfig:
     """Recurrent DQN (R2D2-style): replayed slices with burn-in, double DQN, target network.
 
     Each batch: epsilon-greedy collection of frames_per_batch frames into the replay buffer,
-    then updates_per_batch updates on num_slices slices of up to burn_in + train_len steps
-    (5-step double-DQN targets, rewards scaled by 0.1, observations standardized with the
-    warm-up statistics). On CartPole-masked, 100k frames give a greedy return >= 450; see
-    ``benchmarks/learning/README.md`` for the figures per seed and what was tried. With
-    sampler=tape the updates replay whole episodes end to end instead (no burn-in).
+    then updates_per_batch updates (5-step double-DQN targets, rewards scaled by 0.1,
+    observations standardized with the warm-up statistics) on num_tapes tapes of tape_frames
+    steps, whole stored episodes laid end to end from their exact zero start state
+    (sampler=tape, what sampler=auto picks), or on num_slices slices of up to
+    burn_in + train_len steps from the stored states (sampler=slice, R2D2's replay, which
+    auto picks when a slice-only option is set: burn_in > 0, burn_in_stop_gradient,
+    prioritized or slice_start). On CartPole-masked, 100k frames give a greedy return >= 450
+    with the LSTM and the GRU; see ``benchmarks/learning/README.md`` for the figures per seed
+    and what was tried.
+
+    Examples:
+        >>> DQNConfig().sampler, DQNConfig().burn_in
+        ('tape', 0)
+        >>> cfg = DQNConfig(prioritized=True)
+        >>> cfg.sampler, cfg.burn_in
+        ('slice', 10)
     """
 
     frames: int = 100_000
@@ -112,13 +123,16 @@ class DQNConfig:
     value_rescale: bool = False
     """R2D2's value rescaling: Q-values regress h(return), targets h(rewards + gamma^n
     h^-1(Q')) with h(x) = sign(x)(sqrt(|x| + 1) - 1) + 0.001 x."""
-    sampler: Literal["slice", "tape"] = "slice"
-    """Replay batches: slice (num_slices slices of burn_in + train_len steps from the stored
-    states, burned in) or tape (num_tapes tapes of tape_frames steps: whole stored episodes
-    laid end to end, each from its exact zero initial state, so no burn-in; suits short
-    episodes and linear-recurrent cells, --memory mingru|lru). With tape the slice options
-    (num_slices, train_len, slice_start) are not used and burn-in, burn_in_stop_gradient and
-    prioritized are refused."""
+    sampler: Literal["auto", "slice", "tape"] = "auto"
+    """Replay batches: tape (num_tapes tapes of tape_frames steps: whole stored episodes laid
+    end to end, each from its exact zero initial state, so no burn-in), slice (num_slices
+    slices of burn_in + train_len steps from the stored states, burned in; R2D2's replay) or
+    auto: slice when a slice-only option is set (burn_in > 0, burn_in_stop_gradient,
+    prioritized, slice_start other than any), tape otherwise (the measured recipe). With tape
+    the slice options (num_slices, train_len, slice_start) are not used and burn-in,
+    burn_in_stop_gradient and prioritized are refused; an episode longer than tape_frames
+    is cut (its later steps are never replayed: the run warns once, raise tape_frames or use
+    slice)."""
     tape_frames: int = 960
     """With sampler=tape: steps per tape (about 2x CartPole's 500-step episode cap; with
     num_tapes=2 the 1920 steps of the slice default, 64 slices x 30 steps, per update). An
@@ -135,6 +149,8 @@ class DQNConfig:
     sequences); see SliceSampler(start=)."""
 
     def __post_init__(self) -> None:
+        if self.sampler == "auto":
+            self.sampler = "slice" if self._slice_options() else "tape"
         if self.burn_in is None:
             self.burn_in = 0 if self.sampler == "tape" else DEFAULT_BURN_IN
         finite(self)
@@ -206,8 +222,9 @@ class DQNConfig:
         """``sampler``: a known one; with tape, none of the slice-only options set."""
         if self.sampler not in ("slice", "tape"):
             raise ValueError(
-                f"DQNConfig: sampler must be slice or tape, received {self.sampler!r}. Fix: "
-                "--sampler tape for whole episodes end to end, or drop --sampler."
+                f"DQNConfig: sampler must be auto, slice or tape, received {self.sampler!r}. "
+                "Fix: --sampler tape for whole episodes end to end, --sampler slice for "
+                "R2D2's slices, or drop --sampler."
             )
         if self.tape_weight not in ("uniform", "length"):
             raise ValueError(
@@ -217,13 +234,7 @@ class DQNConfig:
         if self.sampler != "tape":
             return
         # options that only mean something for slices: refused rather than ignored
-        given = {
-            "--burn-in": self.burn_in if self.burn_in else None,
-            "--burn-in-stop-gradient": True if self.burn_in_stop_gradient else None,
-            "--prioritized": True if self.prioritized else None,
-            "--slice-start": self.slice_start if self.slice_start != "any" else None,
-        }  # fmt: skip
-        given = {flag: value for flag, value in given.items() if value is not None}
+        given = self._slice_options()
         if given:
             received = ", ".join(f"{flag} {value}" if value is not True else flag
                                  for flag, value in given.items())  # fmt: skip
@@ -234,6 +245,16 @@ class DQNConfig:
                 f"{' and '.join(given)} (--tape-weight length weights episodes by length), "
                 f"or --sampler slice."
             )
+
+    def _slice_options(self) -> dict[str, Any]:
+        """The slice-only options set, as ``{flag: value}`` (``True`` for a switch)."""
+        given = {
+            "--burn-in": self.burn_in if self.burn_in else None,
+            "--burn-in-stop-gradient": True if self.burn_in_stop_gradient else None,
+            "--prioritized": True if self.prioritized else None,
+            "--slice-start": self.slice_start if self.slice_start != "any" else None,
+        }  # fmt: skip
+        return {flag: value for flag, value in given.items() if value is not None}
 
     @property
     def slice_len(self) -> int:

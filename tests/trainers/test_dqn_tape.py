@@ -26,15 +26,37 @@ TAPE = [
 MASK = ("collector", "mask")
 
 
-def test_options_reach_the_sampler_and_the_loss_and_slices_stay_the_default(tmp_path):
+def test_options_reach_the_sampler_and_the_loss_and_tapes_are_the_default(tmp_path):
     plain = parse_train("--algo", "dqn")
-    assert (plain.dqn.sampler, plain.dqn.burn_in) == ("slice", 10)
+    assert (plain.dqn.sampler, plain.dqn.burn_in) == ("tape", 0)
     assert type(DQNTrainer(parse_train(
         "--algo", "dqn", "--hidden-size", "8", "--run-dir", str(tmp_path / "s"))
-    ).buffer.sampler) is SliceSampler  # fmt: skip
+    ).buffer.sampler) is TapeSampler  # fmt: skip
     d = DQNConfig(sampler="tape")
     assert (d.burn_in, d.tape_frames, d.num_tapes, d.tape_weight) == (0, 960, 2, "uniform")
-    assert d.batch_steps == 1920 == DQNConfig().batch_steps  # the slice default's 64 x 30
+    assert d.batch_steps == 1920 == DQNConfig(sampler="slice").batch_steps  # 64 x 30 slices
+    assert DQNConfig() == d  # auto is resolved at construction
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--prioritized"], ["--burn-in", "4"], ["--burn-in-stop-gradient"],
+     ["--slice-start", "stride"], ["--sampler", "slice"]],
+)  # fmt: skip
+def test_auto_takes_slices_when_a_slice_option_is_given(argv, tmp_path):
+    cfg = parse_train("--algo", "dqn", *argv)
+    assert cfg.dqn.sampler == "slice"
+    assert cfg.dqn.burn_in == (4 if "4" in argv else 10)  # slices keep their burn-in default
+    cfg = parse_train("--algo", "dqn", "--hidden-size", "8", "--run-dir", str(tmp_path), *argv)
+    assert isinstance(DQNTrainer(cfg).buffer.sampler, SliceSampler)
+
+
+def test_runs_saved_before_the_auto_sampler_resume_with_slices(tmp_path):
+    from recurrl.trainers.config import TrainConfig
+
+    old = TrainConfig.from_dict({"algo": "dqn", "dqn": {"burn_in": 10}}).to_dict()
+    del old["dqn"]["sampler"]  # a config.json written before the option existed
+    assert TrainConfig.from_dict(old, saved=True).dqn.sampler == "slice"
 
     cfg = parse_train(*TAPE, "--tape-weight", "length", "--run-dir", str(tmp_path / "t"))
     d = cfg.dqn
@@ -71,7 +93,7 @@ def test_bad_tape_values_are_refused():
         parse_train(*TAPE, "--tape-weight", "priority")
     with pytest.raises(ValueError, match="tape_frames must be an int >= 1, received 0"):
         parse_train(*TAPE, "--tape-frames", "0")
-    with pytest.raises(ValueError, match="sampler must be slice or tape, received 'ring'"):
+    with pytest.raises(ValueError, match="sampler must be auto, slice or tape, received 'ring'"):
         DQNConfig(sampler="ring")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="tape_weight must be uniform or length"):
         DQNConfig(tape_weight="td")  # type: ignore[arg-type]
