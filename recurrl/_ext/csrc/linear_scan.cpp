@@ -1,7 +1,8 @@
 // Sequential reset-aware scans of the linear-recurrent cells (minGRU, the LRU) on the CPU:
 // one pass over time forward and one backward, the gates, the restart select and the
 // recurrence fused, the inner loop over the N * H features of a step left to the
-// compiler's vectoriser. The input projections (matmuls) stay outside, in torch.
+// compiler's vectoriser. The LRU's input projection stays outside, in torch; minGRU's runs
+// inside its fused ops (linear_mingru_fused_*: per step, on register-blocked small matmuls).
 //
 // Layout: time-major, every [T, N, ...] tensor read with a row stride (the features of a
 // row contiguous; incoming gradients with any strides along t and n); reset [T, N] bool, True where the step restarts from the stored state of
@@ -17,6 +18,14 @@
 //   linear_mingru_backward(grad_h, xp, bias?, h, stored, reset, stored_grad)
 //       -> (d_xp [T,N,2H], d_stored [T,N,H] (empty [0,N,H] when not stored_grad),
 //           d_bias [2H] (the sum of d_xp over steps and rows))
+//   linear_mingru_fused_forward(x [T,N,F], weight [2H,F], bias [2H]?, stored [T,N,H], reset)
+//       -> h [T,N,H]: the same with xp = x weight^T computed in the loop (x and stored with
+//       any strides along t and n; h in x's memory order: batch-major for a transposed
+//       batch-first input)
+//   linear_mingru_fused_backward(grad_h, x, weight, bias?, h, stored, reset, x_grad,
+//       weight_grad, stored_grad) -> (d_x [T,N,F] (x's memory order), d_weight [2H,F],
+//       d_bias [2H], d_stored [T,N,H]; the first, second and last empty [0,...] when not
+//       asked for)
 //   linear_lru_forward(bx [T,N,>=2H], stored [T,N,2H], reset, lam_re [H], lam_im [H],
 //       gamma [H]) -> h [T,N,2H] as [Re h | Im h]
 //       h_t = lambda * p_t + gamma * (bx_re + i bx_im)   (bx's first 2H columns)
@@ -29,7 +38,9 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 // The loops below select (restarts, the sign of the gate's argument) and clamp with
@@ -74,10 +85,10 @@ std::pair<at::Tensor, int64_t> rows_of(const at::Tensor& t, const char* name, in
   return {c, c.size(2)};
 }
 
-// An incoming gradient [T, N, C] read row by row: the tensor to read and its strides along
-// t and n. Any layout with contiguous features is read in place (a transposed [N, T, C]
-// gradient among them), one broadcast along t and n (the gradient of a sum) as a single
-// row with strides 0; anything else is copied.
+// A [T, N, C] tensor read row by row (an incoming gradient, an input, a stored state): the
+// tensor to read and its strides along t and n. Any layout with contiguous features is read
+// in place (a transposed [N, T, C] one among them), one broadcast along t and n (the
+// gradient of a sum) as a single row with strides 0; anything else is copied.
 std::tuple<at::Tensor, int64_t, int64_t> grad_rows(const at::Tensor& g) {
   if (g.size(2) <= 1 || g.stride(2) == 1) return {g, g.stride(0), g.stride(1)};
   if (g.stride(0) == 0 && g.stride(1) == 0) return {g.select(0, 0).select(0, 0).contiguous(), 0, 0};
@@ -168,9 +179,143 @@ RECURRL_INLINE void gates(s_t k, s_t& z, s_t& a) {
   a = pos ? q : s;
 }
 
+// ------------------------------------------------------------------------ small matmuls
+// The fused minGRU ops below project inside their loops, a step's N rows at a time (the
+// matmuls' operands stay in L1/L2): C[m, 0:G] (+)= sum_k A(m, k) B[k, 0:G], with A read at
+// A[m * sm + k * sk] (any strides: rows of x, or x transposed for the weight's gradient),
+// B row-major [K, G] and G a multiple of the widest vector (the operands padded to it).
+// Register blocks of 4 rows by 1-2 vectors, each an accumulator updated once per k; written
+// with GCC's vector types at the width of the instruction set picked at run time (AVX-512,
+// AVX2+FMA or the baseline's 16 bytes), since a generic 64-byte vector compiled for AVX2
+// spills. Against MKL's sgemm at K = 16 (11-17 GFLOP/s on this CPU) about twice as fast.
+constexpr int kWidestVector = 64;  // bytes: the operands are padded to a multiple of it
+
+template <typename s_t>
+constexpr int64_t padded(int64_t size) {
+  constexpr int64_t unit = kWidestVector / sizeof(s_t);
+  return (size + unit - 1) / unit * unit;
+}
+
+// GCC's vector of VB bytes of s_t (the attribute applies to a typedef of a dependent type,
+// not to an alias declaration)
+template <typename s_t, int VB>
+struct VectorOf {
+  typedef s_t type __attribute__((vector_size(VB)));
+};
+
+template <typename s_t, int VB, int RB, int CB, bool acc>
+RECURRL_INLINE void gemm_block(int64_t m0, const s_t* __restrict__ a, int64_t sm, int64_t sk,
+                               int64_t kk, const s_t* __restrict__ b, int64_t ldb,
+                               s_t* __restrict__ c, int64_t ldc, int64_t g_cols) {
+  using vec = typename VectorOf<s_t, VB>::type;
+  constexpr int64_t width = VB / sizeof(s_t);
+  for (int64_t g = 0; g < g_cols; g += width * CB) {
+    vec sum[RB][CB];
+    for (int i = 0; i < RB; ++i) {
+      for (int q = 0; q < CB; ++q) {
+        if constexpr (acc) {
+          __builtin_memcpy(&sum[i][q], c + (m0 + i) * ldc + g + q * width, VB);
+        } else {
+          sum[i][q] = vec{};
+        }
+      }
+    }
+    for (int64_t k = 0; k < kk; ++k) {
+      vec bk[CB];
+      for (int q = 0; q < CB; ++q) __builtin_memcpy(&bk[q], b + k * ldb + g + q * width, VB);
+      for (int i = 0; i < RB; ++i) {
+        const vec ak = a[(m0 + i) * sm + k * sk] - vec{};  // broadcast
+        for (int q = 0; q < CB; ++q) sum[i][q] += ak * bk[q];
+      }
+    }
+    for (int i = 0; i < RB; ++i) {
+      for (int q = 0; q < CB; ++q) {
+        __builtin_memcpy(c + (m0 + i) * ldc + g + q * width, &sum[i][q], VB);
+      }
+    }
+  }
+}
+
+template <typename s_t, int VB, bool acc>
+RECURRL_INLINE void gemm_rows(int64_t m, const s_t* a, int64_t sm, int64_t sk, int64_t kk,
+                              const s_t* b, int64_t ldb, s_t* c, int64_t ldc, int64_t g_cols) {
+  constexpr int64_t width = VB / sizeof(s_t);
+  int64_t i = 0;
+  if (g_cols % (2 * width) == 0) {
+    for (; i + 4 <= m; i += 4) {
+      gemm_block<s_t, VB, 4, 2, acc>(i, a, sm, sk, kk, b, ldb, c, ldc, g_cols);
+    }
+    for (; i < m; ++i) gemm_block<s_t, VB, 1, 2, acc>(i, a, sm, sk, kk, b, ldb, c, ldc, g_cols);
+  } else {
+    for (; i + 4 <= m; i += 4) {
+      gemm_block<s_t, VB, 4, 1, acc>(i, a, sm, sk, kk, b, ldb, c, ldc, g_cols);
+    }
+    for (; i < m; ++i) gemm_block<s_t, VB, 1, 1, acc>(i, a, sm, sk, kk, b, ldb, c, ldc, g_cols);
+  }
+}
+
+#define RECURRL_GEMM_ARGS                                                                    \
+  int64_t m, const s_t *a, int64_t sm, int64_t sk, int64_t kk, const s_t *b, int64_t ldb,   \
+      s_t *c, int64_t ldc, int64_t g_cols
+#define RECURRL_GEMM_PASS m, a, sm, sk, kk, b, ldb, c, ldc, g_cols
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define RECURRL_GEMM_DISPATCH 1
+template <typename s_t, bool acc>
+__attribute__((target("avx512f,avx2,fma"))) void gemm_avx512(RECURRL_GEMM_ARGS) {
+  gemm_rows<s_t, 64, acc>(RECURRL_GEMM_PASS);
+}
+template <typename s_t, bool acc>
+__attribute__((target("avx2,fma"))) void gemm_avx2(RECURRL_GEMM_ARGS) {
+  gemm_rows<s_t, 32, acc>(RECURRL_GEMM_PASS);
+}
+#endif
+
+// The widest vector the CPU runs (0: 16 bytes, 1: AVX2+FMA, 2: AVX-512), capped by
+// RECURRL_EXT_GEMM_LEVEL (read at each fused op call; for tests of the narrower paths).
+thread_local int g_gemm_level = 0;
+
+void read_gemm_level() {
+  int level = 0;
+#ifdef RECURRL_GEMM_DISPATCH
+  static const int cpu = __builtin_cpu_supports("avx512f")                               ? 2
+                         : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1
+                                                                                          : 0;
+  level = cpu;
+#endif
+  const char* cap = std::getenv("RECURRL_EXT_GEMM_LEVEL");
+  if (cap != nullptr && cap[0] >= '0' && cap[0] <= '2') level = std::min(level, cap[0] - '0');
+  g_gemm_level = level;
+}
+
+// C (+)= A B as above: C's rows overwritten (acc false) or added to (acc true).
+template <typename s_t, bool acc>
+void small_gemm(RECURRL_GEMM_ARGS) {
+  if (m == 0 || g_cols == 0) return;
+#ifdef RECURRL_GEMM_DISPATCH
+  if (g_gemm_level == 2) return gemm_avx512<s_t, acc>(RECURRL_GEMM_PASS);
+  if (g_gemm_level == 1) return gemm_avx2<s_t, acc>(RECURRL_GEMM_PASS);
+#endif
+  gemm_rows<s_t, 16, acc>(RECURRL_GEMM_PASS);
+}
+
 // ------------------------------------------------------------------------------- minGRU
 // xp holds the projections without their bias; b [2H] is added in the loop (zeros when
 // the layer has none), so that backward sums the bias's gradient in its loop too.
+// One row of one step: x holds k at [0, H) and h~ at [co, co + H) (co = H in xp's layout,
+// the padded width in the fused ops' scratch), p the previous state (or the stored one).
+template <typename s_t>
+RECURRL_INLINE void mingru_forward_row(const s_t* __restrict__ x, int64_t co,
+                                       const s_t* __restrict__ b, const s_t* __restrict__ p,
+                                       s_t* __restrict__ out, int64_t hid) {
+#pragma GCC ivdep
+  for (int64_t j = 0; j < hid; ++j) {
+    s_t z, a;
+    gates(x[j] + b[j], z, a);
+    out[j] = a * p[j] + z * (x[co + j] + b[hid + j]);
+  }
+}
+
 template <typename s_t>
 RECURRL_VECTOR_CLONES void mingru_forward_kernel(const s_t* __restrict__ xp, int64_t xs,
                                                  const s_t* __restrict__ b,
@@ -181,15 +326,8 @@ RECURRL_VECTOR_CLONES void mingru_forward_kernel(const s_t* __restrict__ xp, int
   for (int64_t t = 0; t < steps; ++t) {
     for (int64_t r = 0; r < n; ++r) {
       const int64_t row = t * n + r;
-      const s_t* __restrict__ x = xp + row * xs;
-      const s_t* __restrict__ p = (t == 0 || reset[row]) ? st + row * ss : h + (row - n) * hid;
-      s_t* __restrict__ out = h + row * hid;
-#pragma GCC ivdep
-      for (int64_t j = 0; j < hid; ++j) {
-        s_t z, a;
-        gates(x[j] + b[j], z, a);
-        out[j] = a * p[j] + z * (x[hid + j] + b[hid + j]);
-      }
+      const s_t* p = (t == 0 || reset[row]) ? st + row * ss : h + (row - n) * hid;
+      mingru_forward_row(xp + row * xs, hid, b, p, h + row * hid, hid);
     }
   }
 }
@@ -198,20 +336,21 @@ RECURRL_VECTOR_CLONES void mingru_forward_kernel(const s_t* __restrict__ xp, int
 // row's bias-gradient sums (acc [2H]), and writes either the carry for step t - 1 (a g) or,
 // at a restart, the stored state's gradient (a g) and an exactly zero carry (selected:
 // nothing flows into the previous trajectory).
+// x and dk (d_xp's row) hold their k | h~ halves co apart, as in mingru_forward_row.
 template <typename s_t, bool restart>
-RECURRL_INLINE void mingru_backward_row(const s_t* __restrict__ x, const s_t* __restrict__ b,
-                                        const s_t* __restrict__ p, const s_t* __restrict__ g_in,
-                                        s_t* __restrict__ c, s_t* __restrict__ dk,
-                                        s_t* __restrict__ ds, s_t* __restrict__ acc,
-                                        int64_t hid) {
-  s_t* __restrict__ dc = dk + hid;
+RECURRL_INLINE void mingru_backward_row(const s_t* __restrict__ x, int64_t co,
+                                        const s_t* __restrict__ b, const s_t* __restrict__ p,
+                                        const s_t* __restrict__ g_in, s_t* __restrict__ c,
+                                        s_t* __restrict__ dk, s_t* __restrict__ ds,
+                                        s_t* __restrict__ acc, int64_t hid) {
+  s_t* __restrict__ dc = dk + co;
 #pragma GCC ivdep
   for (int64_t j = 0; j < hid; ++j) {
     s_t z, a;
     gates(x[j] + b[j], z, a);
     const s_t g = g_in[j] + c[j];
     const s_t dcand = z * g;
-    const s_t dkj = a * dcand * (x[hid + j] + b[hid + j] - p[j]);  // a z (h~ - p) g
+    const s_t dkj = a * dcand * (x[co + j] + b[hid + j] - p[j]);  // a z (h~ - p) g
     dc[j] = dcand;
     dk[j] = dkj;
     acc[j] += dkj;
@@ -245,13 +384,13 @@ RECURRL_VECTOR_CLONES void mingru_backward_kernel(
       s_t* a_r = acc + r * 2 * hid;
       if (t == 0 || reset[row]) {
         s_t* ds = dst ? dst + row * hid : scratch.data();
-        mingru_backward_row<s_t, true>(x, b, st + row * ss, g_in, c, dk, ds, a_r, hid);
+        mingru_backward_row<s_t, true>(x, hid, b, st + row * ss, g_in, c, dk, ds, a_r, hid);
       } else {
         if (dst) {
           for (int64_t j = 0; j < hid; ++j) dst[row * hid + j] = s_t(0);
         }
-        mingru_backward_row<s_t, false>(x, b, h + (row - n) * hid, g_in, c, dk, nullptr, a_r,
-                                        hid);
+        mingru_backward_row<s_t, false>(x, hid, b, h + (row - n) * hid, g_in, c, dk, nullptr,
+                                        a_r, hid);
       }
     }
   }
@@ -322,6 +461,210 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_mingru_backward(
         acc.mutable_data_ptr<scalar_t>(), steps, n, hid);
   });
   return {dxp, dst, acc.sum(0)};
+}
+
+// ----------------------------------------------------------------- minGRU, projected
+// The layer's whole step from its input x [T, N, F] and weight [2H, F]: per step the
+// projection of the step's N rows into a scratch [N, 2Hp] (k at [0, Hp), h~ at [Hp, Hp + H),
+// Hp = H padded to the widest vector), then the rows of the loop above. Nothing [T, N, 2H]
+// is written: backward projects again the same way, writes the step's d_xp rows into a
+// second scratch and turns them at once into d_x's rows (d_xp W) and into the weight's
+// gradient (x_t^T d_xp, summed over steps in an [F, 2Hp] accumulator).
+
+// the weight [2H, F] (strides w0, w1) as wt [F, 2Hp] (transposed, for the projection) and/or
+// wp [2Hp, Fp] (for d_x = d_xp W), zero in the padding
+template <typename s_t>
+void pad_weight(const s_t* w, int64_t w0, int64_t w1, int64_t hid, int64_t hp, int64_t f,
+                int64_t fp, s_t* wt, s_t* wp) {
+  for (int64_t half = 0; half < 2; ++half) {
+    for (int64_t j = 0; j < hid; ++j) {
+      for (int64_t k = 0; k < f; ++k) {
+        const s_t v = w[(half * hid + j) * w0 + k * w1];
+        if (wt) wt[k * 2 * hp + half * hp + j] = v;
+        if (wp) wp[(half * hp + j) * fp + k] = v;
+      }
+    }
+  }
+}
+
+// Rows are independent: each runs through all its steps before the next (one sequential
+// stream per tensor, whatever the layout: batch-major data read step by step across rows
+// was twice as slow), kBlockSteps steps' projections at a time.
+constexpr int64_t kBlockSteps = 16;
+
+template <typename s_t>
+RECURRL_VECTOR_CLONES void mingru_fused_forward_kernel(
+    const s_t* x, int64_t xt, int64_t xn, int64_t f, const s_t* wt, int64_t hp, const s_t* b,
+    const s_t* st, int64_t sst, int64_t ssn, const bool* reset, s_t* h, int64_t ht, int64_t hn,
+    int64_t steps, int64_t n, int64_t hid, s_t* xs) {
+  const int64_t xw = 2 * hp;
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t t0 = 0; t0 < steps; t0 += kBlockSteps) {
+      const int64_t tb = std::min(kBlockSteps, steps - t0);
+      small_gemm<s_t, false>(tb, x + t0 * xt + r * xn, xt, 1, f, wt, xw, xs, xw, xw);
+      for (int64_t i = 0; i < tb; ++i) {
+        const int64_t t = t0 + i;
+        const s_t* p = (t == 0 || reset[t * n + r]) ? st + t * sst + r * ssn
+                                                    : h + (t - 1) * ht + r * hn;
+        mingru_forward_row(xs + i * xw, hp, b, p, h + t * ht + r * hn, hid);
+      }
+    }
+  }
+}
+
+// dx (strides dxt, dxn) and dwt [F, 2Hp] are written when not null; acc [N, 2H] sums the
+// bias's gradient, dst as in mingru_backward_kernel.
+template <typename s_t>
+RECURRL_VECTOR_CLONES void mingru_fused_backward_kernel(
+    const s_t* gh, int64_t gt, int64_t gn, const s_t* x, int64_t xt, int64_t xn, int64_t f,
+    const s_t* wt, const s_t* wp, int64_t hp, int64_t fp, const s_t* b, const s_t* h,
+    int64_t ht, int64_t hn, const s_t* st, int64_t sst, int64_t ssn, const bool* reset,
+    s_t* dx, int64_t dxt, int64_t dxn, s_t* dwt, s_t* dst, s_t* acc, int64_t steps, int64_t n,
+    int64_t hid) {
+  const int64_t xw = 2 * hp;
+  // dxs's padding stays zero: d_x's matmul reads it (against wp's zero rows)
+  std::vector<s_t> carry(hid), scratch(hid), xs(kBlockSteps * xw),
+      dxs(kBlockSteps * xw, s_t(0)), dxo(dx ? kBlockSteps * fp : 0);
+  s_t* c = carry.data();
+  for (int64_t r = 0; r < n; ++r) {
+    std::fill(carry.begin(), carry.end(), s_t(0));
+    s_t* a_r = acc + r * 2 * hid;
+    for (int64_t t_end = steps; t_end > 0; t_end -= kBlockSteps) {
+      const int64_t t0 = std::max<int64_t>(0, t_end - kBlockSteps), tb = t_end - t0;
+      const s_t* x_blk = x + t0 * xt + r * xn;
+      small_gemm<s_t, false>(tb, x_blk, xt, 1, f, wt, xw, xs.data(), xw, xw);
+      for (int64_t i = tb - 1; i >= 0; --i) {
+        const int64_t t = t0 + i, row = t * n + r;
+        const s_t* xr = xs.data() + i * xw;
+        const s_t* g_in = gh + t * gt + r * gn;
+        s_t* dk = dxs.data() + i * xw;
+        if (t == 0 || reset[row]) {
+          s_t* ds = dst ? dst + row * hid : scratch.data();
+          mingru_backward_row<s_t, true>(xr, hp, b, st + t * sst + r * ssn, g_in, c, dk, ds,
+                                         a_r, hid);
+        } else {
+          if (dst) {
+            for (int64_t j = 0; j < hid; ++j) dst[row * hid + j] = s_t(0);
+          }
+          mingru_backward_row<s_t, false>(xr, hp, b, h + (t - 1) * ht + r * hn, g_in, c, dk,
+                                          nullptr, a_r, hid);
+        }
+      }
+      if (dx) {
+        small_gemm<s_t, false>(tb, dxs.data(), xw, 1, xw, wp, fp, dxo.data(), fp, fp);
+        for (int64_t i = 0; i < tb; ++i) {
+          s_t* out = dx + (t0 + i) * dxt + r * dxn;
+          for (int64_t k = 0; k < f; ++k) out[k] = dxo[i * fp + k];
+        }
+      }
+      if (dwt) small_gemm<s_t, true>(f, x_blk, 1, xt, tb, dxs.data(), xw, dwt, xw, xw);
+    }
+  }
+}
+
+// [T, N, C] for an op's output: batch-major memory ([N, T, C] transposed) when x's is, so
+// that a batch-first caller gets a contiguous tensor back
+at::Tensor like_rows(const at::Tensor& x, int64_t cols) {
+  if (x.size(0) > 1 && x.size(1) > 1 && x.stride(0) < x.stride(1)) {
+    return at::empty({x.size(1), x.size(0), cols}, x.options()).transpose(0, 1);
+  }
+  return at::empty({x.size(0), x.size(1), cols}, x.options());
+}
+
+int64_t mingru_fused_checks(const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& stored, const at::Tensor& reset, const char* op) {
+  check_common(x, reset, op);
+  check_same(weight, x, "weight", op);
+  check_same(stored, x, "stored", op);
+  const int64_t f = x.size(2);
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == f && weight.size(0) % 2 == 0, op,
+              ": expected weight of shape [2H, ", f, "], received ", weight.sizes());
+  const int64_t hid = weight.size(0) / 2;
+  TORCH_CHECK(stored.dim() == 3 && stored.size(0) == x.size(0) && stored.size(1) == x.size(1) &&
+                  stored.size(2) == hid,
+              op, ": expected stored of shape [", x.size(0), ", ", x.size(1), ", ", hid,
+              "], received ", stored.sizes());
+  return hid;
+}
+
+at::Tensor linear_mingru_fused_forward(const at::Tensor& x_in, const at::Tensor& weight,
+                                       const std::optional<at::Tensor>& bias,
+                                       const at::Tensor& stored_in, const at::Tensor& reset_in) {
+  static constexpr const char* op = "linear_mingru_fused_forward";
+  read_gemm_level();
+  const int64_t hid = mingru_fused_checks(x_in, weight, stored_in, reset_in, op);
+  const int64_t steps = x_in.size(0), n = x_in.size(1), f = x_in.size(2);
+  const at::Tensor b = bias_or_zeros(bias, x_in, 2 * hid, op);
+  auto [x, xt, xn] = grad_rows(x_in);
+  auto [st, sst, ssn] = grad_rows(stored_in);
+  const at::Tensor reset = reset_in.contiguous();
+  at::Tensor h = like_rows(x_in, hid);
+  if (h.numel() == 0) return h;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), op, [&] {
+    const int64_t hp = padded<scalar_t>(hid);
+    std::vector<scalar_t> wt(f * 2 * hp, scalar_t(0)), xs(kBlockSteps * 2 * hp);
+    pad_weight<scalar_t>(weight.const_data_ptr<scalar_t>(), weight.stride(0), weight.stride(1),
+                         hid, hp, f, 0, wt.data(), nullptr);
+    mingru_fused_forward_kernel<scalar_t>(
+        x.const_data_ptr<scalar_t>(), xt, xn, f, wt.data(), hp, b.const_data_ptr<scalar_t>(),
+        st.const_data_ptr<scalar_t>(), sst, ssn, reset.const_data_ptr<bool>(),
+        h.mutable_data_ptr<scalar_t>(), h.stride(0), h.stride(1), steps, n, hid, xs.data());
+  });
+  return h;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_mingru_fused_backward(
+    const at::Tensor& grad_in, const at::Tensor& x_in, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, const at::Tensor& h_in, const at::Tensor& stored_in,
+    const at::Tensor& reset_in, bool x_grad, bool weight_grad, bool stored_grad) {
+  static constexpr const char* op = "linear_mingru_fused_backward";
+  read_gemm_level();
+  const int64_t hid = mingru_fused_checks(x_in, weight, stored_in, reset_in, op);
+  const int64_t steps = x_in.size(0), n = x_in.size(1), f = x_in.size(2);
+  for (auto* t : {&grad_in, &h_in}) check_same(*t, x_in, "every tensor", op);
+  TORCH_CHECK(grad_in.dim() == 3 && grad_in.sizes() == h_in.sizes() && h_in.size(0) == steps &&
+                  h_in.size(1) == n && h_in.size(2) == hid,
+              op, ": expected grad_h and h of shape [", steps, ", ", n, ", ", hid, "]");
+  const at::Tensor b = bias_or_zeros(bias, x_in, 2 * hid, op);
+  auto [x, xt, xn] = grad_rows(x_in);
+  auto [st, sst, ssn] = grad_rows(stored_in);
+  auto [g, gt, gn] = grad_rows(grad_in);
+  auto [h, ht, hn] = grad_rows(h_in);
+  const at::Tensor reset = reset_in.contiguous();
+  at::Tensor dx = x_grad ? like_rows(x_in, f) : at::empty({0, n, f}, x_in.options());
+  at::Tensor dw = at::zeros({weight_grad ? 2 * hid : 0, f}, x_in.options());
+  at::Tensor dst = at::empty({stored_grad ? steps : 0, n, hid}, x_in.options());
+  at::Tensor acc = at::zeros({n, 2 * hid}, x_in.options());
+  if (steps == 0 || n == 0 || hid == 0) {
+    return {x_grad ? dx.zero_() : dx, dw, acc.sum(0), dst.zero_()};
+  }
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), op, [&] {
+    const int64_t hp = padded<scalar_t>(hid), fp = padded<scalar_t>(f);
+    std::vector<scalar_t> wt(f * 2 * hp, scalar_t(0)), wp(x_grad ? 2 * hp * fp : 0, scalar_t(0)),
+        dwt(weight_grad ? f * 2 * hp : 0, scalar_t(0));
+    pad_weight<scalar_t>(weight.const_data_ptr<scalar_t>(), weight.stride(0), weight.stride(1),
+                         hid, hp, f, fp, wt.data(), x_grad ? wp.data() : nullptr);
+    mingru_fused_backward_kernel<scalar_t>(
+        g.const_data_ptr<scalar_t>(), gt, gn, x.const_data_ptr<scalar_t>(), xt, xn, f,
+        wt.data(), wp.data(), hp, fp, b.const_data_ptr<scalar_t>(),
+        h.const_data_ptr<scalar_t>(), ht, hn, st.const_data_ptr<scalar_t>(), sst, ssn,
+        reset.const_data_ptr<bool>(), x_grad ? dx.mutable_data_ptr<scalar_t>() : nullptr,
+        x_grad ? dx.stride(0) : 0, x_grad ? dx.stride(1) : 0,
+        weight_grad ? dwt.data() : nullptr,
+        stored_grad ? dst.mutable_data_ptr<scalar_t>() : nullptr,
+        acc.mutable_data_ptr<scalar_t>(), steps, n, hid);
+    if (weight_grad) {
+      scalar_t* d = dw.mutable_data_ptr<scalar_t>();
+      for (int64_t half = 0; half < 2; ++half) {
+        for (int64_t j = 0; j < hid; ++j) {
+          for (int64_t k = 0; k < f; ++k) {
+            d[(half * hid + j) * f + k] = dwt[k * 2 * hp + half * hp + j];
+          }
+        }
+      }
+    }
+  });
+  return {dx, dw, acc.sum(0), dst};
 }
 
 // ---------------------------------------------------------------------------------- LRU
@@ -521,6 +864,15 @@ TORCH_LIBRARY_FRAGMENT(recurrl, m) {
       "linear_mingru_backward(Tensor grad_h, Tensor xp, Tensor? bias, Tensor h, Tensor stored, "
       "Tensor reset, bool stored_grad) -> (Tensor, Tensor, Tensor)",
       &linear_mingru_backward);
+  m.def(
+      "linear_mingru_fused_forward(Tensor x, Tensor weight, Tensor? bias, Tensor stored, "
+      "Tensor reset) -> Tensor",
+      &linear_mingru_fused_forward);
+  m.def(
+      "linear_mingru_fused_backward(Tensor grad_h, Tensor x, Tensor weight, Tensor? bias, "
+      "Tensor h, Tensor stored, Tensor reset, bool x_grad, bool weight_grad, bool stored_grad) "
+      "-> (Tensor, Tensor, Tensor, Tensor)",
+      &linear_mingru_fused_backward);
   m.def(
       "linear_lru_forward(Tensor bx, Tensor stored, Tensor reset, Tensor lam_re, "
       "Tensor lam_im, Tensor gamma) -> Tensor",

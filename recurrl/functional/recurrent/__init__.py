@@ -438,10 +438,27 @@ def _at_ends(states: tuple[Tensor, ...], is_init: Tensor) -> tuple[Tensor, ...]:
     Selected rather than multiplied by a 0/1 mask: inside a trajectory that went non-finite
     ``0 * NaN`` would leave NaN where the contract promises zeros.
     """
-    end = trajectory_ends(is_init)[..., None, None]
+    ends = trajectory_ends(is_init)
+    eager = not (torch.compiler.is_compiling() or torch._C._functorch.is_batchedtensor(ends))
+    if eager and ends.device.type == "cpu":
+        # ends are sparse (one a trajectory): zeros and a copy of the end rows, 0.12 ms
+        # against where()'s 0.7-0.9 ms at N=16, T=1024, H=64 on one thread; the indices cost
+        # a host sync elsewhere, and a data-dependent shape under compile/vmap
+        rows = ends.nonzero(as_tuple=True)
+        if 8 * rows[0].numel() <= ends.numel():
+            return tuple(_copy_rows(s, rows) for s in states)
+    end = ends[..., None, None]
     # where() with a 0-dim zero: one pass, no negated mask (masked_fill of the broadcast
     # mask measured ~1.5x its cost at T=1024)
     return tuple(torch.where(end, s, s.new_zeros(())) for s in states)
+
+
+def _copy_rows(s: Tensor, rows: tuple[Tensor, Tensor]) -> Tensor:
+    """Zeros shaped as ``s [N, T, ...]`` holding ``s``'s entries at ``rows`` (indices of
+    ``(n, t)``); differentiable in ``s``."""
+    out = s.new_zeros(s.shape)
+    out[rows] = s[rows]
+    return out
 
 
 # ---------------------------------------------------------------------- built-in backends

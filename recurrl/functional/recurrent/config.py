@@ -121,23 +121,36 @@ def drive_layers(
     layer_fn: LayerFn,
     *,
     training: bool,
+    contiguous_stored: bool = True,
 ) -> tuple[Tensor, tuple[Tensor, ...]]:
     """Stack layers of a time-major layer kernel over batch-first data (shared by backends).
 
-    Feeds each layer its stored states, the previous layer's ``h`` (with inter-layer dropout in
-    training), and reassembles ``y [N, T, O]`` and the per-step states ``[N, T, L, S]``.
+    Feeds each layer its stored states (contiguous ``[T, N, S]`` copies, or with
+    ``contiguous_stored=False`` strided views of ``states``, for layer functions that read
+    any strides), the previous layer's ``h`` (with inter-layer dropout in training), and
+    reassembles ``y [N, T, O]`` and the per-step states ``[N, T, L, S]`` (for one layer a
+    view of the layer's states, no copy).
     """
     layer_in = x.transpose(0, 1)  # time-major [T, N, F]
     per_layer: list[tuple[Tensor, ...]] = []
     for layer in range(cfg.num_layers):
-        stored = tuple(s[:, :, layer].transpose(0, 1).contiguous() for s in states)
+        stored = tuple(s[:, :, layer].transpose(0, 1) for s in states)
+        if contiguous_stored:
+            stored = tuple(s.contiguous() for s in stored)
         out = layer_fn(cfg.layer_weights(flat_weights, layer), layer_in, stored)
         per_layer.append(out)
         layer_in = out[0]
         if training and cfg.dropout and layer < cfg.num_layers - 1:
             layer_in = F.dropout(layer_in, cfg.dropout, training=True)
     new_states = tuple(
-        torch.stack([layer_out[k] for layer_out in per_layer], dim=2).transpose(0, 1)
+        _stack_layers([layer_out[k] for layer_out in per_layer]).transpose(0, 1)
         for k in range(len(states))
     )
     return layer_in.transpose(0, 1), new_states
+
+
+def _stack_layers(per_layer: list[Tensor]) -> Tensor:
+    """``[T, N, L, S]`` from the layers' ``[T, N, S]`` states: a view for one layer."""
+    if len(per_layer) == 1:
+        return per_layer[0].unsqueeze(2)
+    return torch.stack(per_layer, dim=2)

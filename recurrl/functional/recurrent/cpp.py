@@ -220,4 +220,7 @@ def cpp_unroll(
             return checkpoint(layer, cfg, lw, layer_in, stored, reset, use_reentrant=False)
         return layer(cfg, lw, layer_in, stored, reset)
 
-    return drive_layers(cfg, flat_weights, x, states, layer_fn, training=training)
+    # the layers read strided stored states (the C++ ops, or a contiguous() of their own)
+    return drive_layers(
+        cfg, flat_weights, x, states, layer_fn, training=training, contiguous_stored=False
+    )

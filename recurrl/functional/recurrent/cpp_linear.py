@@ -11,11 +11,14 @@ states (each [T, N, S], the output first)``, the same states as the ``assoc`` ba
 layer, and registers them with that backend (:mod:`recurrl.functional.recurrent.cpp`):
 ``recurrent_backend="cpp"`` runs minGRU and the LRU with them.
 
-What stays in torch: the input projection (one matmul per layer for all steps; minGRU's
-bias is added in the loop, which sums its gradient on the way), and for the LRU
-``lambda``/``gamma`` from their parameters and the output ``y = Re(C h) + D x`` (one
-``addmm``, whose backward the loop's pass completes: it writes the gradient of the whole
-projection). Design notes: ``docs/implementation_details.md``, "C++ loops for the linear
+minGRU's layer is one op each way (``linear_mingru_fused_{forward,backward}``): the loop
+projects each step's rows itself (small register-blocked matmuls, the operands in cache),
+adds the bias, and backward projects again instead of keeping the ``[T, N, 2H]``
+projection, writing the gradients of the input, the weight and the bias in its one pass.
+What stays in torch for the LRU: the input projection (one matmul per layer for all
+steps), ``lambda``/``gamma`` from their parameters and the output ``y = Re(C h) + D x``
+(one ``addmm``, whose backward the loop's pass completes: it writes the gradient of the
+whole projection). Design notes: ``docs/implementation_details.md``, "C++ loops for the linear
 cells".
 
 What the loop does, per step and row: minGRU ``z = sigmoid(k)``, ``a = sigmoid(-k)``,
@@ -58,7 +61,8 @@ def _ops():
 class _MinGRUCpp(torch.autograd.Function):
     """``h [T, N, H]`` from ``xp [T, N, 2H]`` (``k | h~`` without the bias), ``bias [2H]``
     or ``None``, ``stored [T, N, H]`` and ``reset [T, N]``; backward by the C++ loop
-    backwards in time, which also sums the bias's gradient."""
+    backwards in time, which also sums the bias's gradient. The loop over a projection made
+    elsewhere; the ``cpp`` layer runs :class:`_MinGRUFused`, which projects in the loop."""
 
     @staticmethod
     def forward(ctx, xp: Tensor, bias: Tensor | None, stored: Tensor, reset: Tensor) -> Tensor:
@@ -75,6 +79,34 @@ class _MinGRUCpp(torch.autograd.Function):
             grad_h, xp, bias, h, stored, reset, need_stored
         )
         return (d_xp, d_bias if ctx.has_bias else None, d_stored if need_stored else None,
+                None)  # fmt: skip
+
+
+class _MinGRUFused(torch.autograd.Function):
+    """A whole minGRU layer: ``h [T, N, H]`` from its input ``x [T, N, F]`` (any strides
+    with contiguous features), ``weight [2H, F]``, ``bias [2H]`` or ``None``, ``stored
+    [T, N, H]`` and ``reset [T, N]``. The C++ loops project each step's rows themselves
+    (no ``[T, N, 2H]`` projection is written or saved) and backward writes the gradients of
+    ``x``, the weight and the bias in its one pass; ``h`` (and ``x``'s gradient) come back
+    in ``x``'s memory order (batch-major for a batch-first input)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, stored: Tensor,
+                reset: Tensor) -> Tensor:  # fmt: skip
+        h = _ops().linear_mingru_fused_forward(x, weight, bias, stored, reset)
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, weight, bias, h, stored, reset)
+        return h
+
+    @staticmethod
+    def backward(ctx, grad_h: Tensor):
+        x, weight, bias, h, stored, reset = ctx.saved_tensors
+        need_x, need_w, _, need_stored, _ = ctx.needs_input_grad
+        d_x, d_w, d_bias, d_stored = _ops().linear_mingru_fused_backward(
+            grad_h, x, weight, bias, h, stored, reset, need_x, need_w, need_stored
+        )
+        return (d_x if need_x else None, d_w if need_w else None,
+                d_bias if ctx.has_bias else None, d_stored if need_stored else None,
                 None)  # fmt: skip
 
 
@@ -123,9 +155,11 @@ def mingru_cpp_layer(
     """One minGRU layer through the C++ loop: ``layer_in [T, N, F]``, ``stored = (h [T, N,
     H],)``, ``reset [T, N]`` bool (True at ``t = 0`` and at every restart); returns
     ``(h [T, N, H],)``, the state after every step (also the output)."""
-    # the projection without its bias: the loop adds it, and sums its gradient
-    xp = torch.matmul(layer_in, lw.weight_ih.t())
-    return (_MinGRUCpp.apply(xp, lw.bias_ih, stored[0].to(xp.dtype), reset),)
+    # the projection inside the loop (_MinGRUFused); the layer's input as it comes (the
+    # transposed view of a batch-first input is read in place)
+    weight = lw.weight_ih.to(layer_in.dtype)
+    return (_MinGRUFused.apply(layer_in, weight, lw.bias_ih, stored[0].to(layer_in.dtype),
+                               reset),)  # fmt: skip
 
 
 def lru_cpp_layer(

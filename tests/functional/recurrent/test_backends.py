@@ -480,3 +480,24 @@ def test_states_reach_the_fused_operators_contiguous(monkeypatch, mode):
                 backend="pad", training=training,
             )  # fmt: skip
     assert seen and all(seen)
+
+
+@pytest.mark.parametrize("p_init", [0.05, 1.0])
+def test_states_at_the_ends_are_selected_with_their_gradients(p_init):
+    """``_at_ends`` (sparse ends: zeros and a copy of the end rows; dense: ``where``) keeps
+    each state at the trajectory ends, exact zeros elsewhere even where the state is NaN,
+    and routes the gradient to the end rows only."""
+    from recurrl.functional.recurrent import _at_ends
+    from recurrl.functional.sequences import trajectory_ends
+
+    g = torch.Generator().manual_seed(0)
+    is_init = torch.rand(4, 40, generator=g) < p_init
+    s = torch.randn(4, 40, 2, 3, generator=g)
+    s[~trajectory_ends(is_init)] = float("nan")
+    s.requires_grad_(True)
+    (out,) = _at_ends((s,), is_init)
+    ends = trajectory_ends(is_init)[..., None, None]
+    assert torch.equal(out, torch.where(ends, s, 0.0))
+    weights = torch.randn(out.shape, generator=g)
+    (grad,) = torch.autograd.grad((out * weights).sum(), s)
+    assert torch.equal(grad, torch.where(ends, weights, 0.0))

@@ -19,7 +19,12 @@ from recurrl.functional.recurrent import (
 )
 from recurrl.functional.recurrent.assoc import assoc_unroll
 from recurrl.functional.recurrent.cpp import CPP_LAYERS, cpp_unroll
-from recurrl.functional.recurrent.cpp_linear import CPP_LINEAR_LAYERS, _LRUCpp, _MinGRUCpp
+from recurrl.functional.recurrent.cpp_linear import (
+    CPP_LINEAR_LAYERS,
+    _LRUCpp,
+    _MinGRUCpp,
+    _MinGRUFused,
+)
 from recurrl.functional.recurrent.linear_cells import MinGRU
 from recurrl.functional.recurrent.lru import LRU
 from recurrl.functional.recurrent.scan import scan_unroll
@@ -82,7 +87,7 @@ def _close(a, b, dtype):
     if dtype == torch.float64:
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
     else:  # sums over steps and rows round differently: relative to the largest entry
-        scale = max(b.abs().max().item(), 1.0)
+        scale = max(b.abs().max().item(), 1.0) if b.numel() else 1.0
         torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-5 * scale)
 
 
@@ -155,6 +160,85 @@ def test_gradcheck_mingru(ops, bias):
         return _MinGRUCpp.apply(xp, b[0] if b else None, stored, reset)
 
     assert torch.autograd.gradcheck(fn, (xp, stored, *([b] if bias else [])))
+
+
+def _fused_problem(steps, n, f, hid, dtype, batch_major, seed=0):
+    """Inputs of the fused minGRU op: x and stored as [T, N, *] views (of batch-major
+    memory when asked, as a batch-first layer's input is), weight [2H, F], bias [2H]."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rows(cols):
+        if batch_major:
+            return torch.randn(n, steps, cols, generator=g, dtype=dtype).transpose(0, 1)
+        return torch.randn(steps, n, cols, generator=g, dtype=dtype)
+
+    x, stored = rows(f), rows(hid)
+    weight = torch.randn(2 * hid, f, generator=g, dtype=dtype)
+    bias = torch.randn(2 * hid, generator=g, dtype=dtype)
+    return x, weight, bias, stored, _reset(steps, n, seed)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("batch_major", [True, False])
+def test_gradcheck_mingru_fused(ops, bias, batch_major):
+    """The projecting Function (steps across a block of 16 and rows past a block of 4, H and
+    F padded inside) in float64: gradients of x, the weight, the bias and the stored state."""
+    x, weight, b, stored, reset = _fused_problem(19, 5, 3, 5, torch.float64, batch_major)
+    inputs = [t.requires_grad_(True) for t in (x, weight, stored)]
+
+    def fn(x, weight, stored, *b):
+        return _MinGRUFused.apply(x, weight, b[0] if b else None, stored, reset)
+
+    extra = [b.requires_grad_(True)] if bias else []
+    assert torch.autograd.gradcheck(fn, (*inputs, *extra))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(37, 6, 16, 64), (5, 1, 17, 20), (1, 3, 1, 1), (16, 4, 0, 3)])
+@pytest.mark.parametrize("batch_major", [True, False])
+def test_mingru_fused_matches_projection_then_scan(ops, dtype, shape, batch_major):
+    """The op that projects inside its loops against the torch matmul followed by the loop
+    on the projection: values, every gradient, and the gradients left out when not asked
+    for; outputs in the input's memory order."""
+    steps, n, f, hid = shape
+    x, weight, bias, stored, reset = _fused_problem(steps, n, f, hid, dtype, batch_major)
+    grad = torch.randn(steps, n, hid, dtype=dtype)
+    h = ops.linear_mingru_fused_forward(x, weight, bias, stored, reset)
+    xp = torch.matmul(x, weight.t())
+    want_h = ops.linear_mingru_forward(xp, bias, stored, reset)
+    _close(h, want_h, dtype)
+    if batch_major and steps > 1 and n > 1:
+        assert h.transpose(0, 1).is_contiguous()
+    d_x, d_w, d_b, d_st = ops.linear_mingru_fused_backward(grad, x, weight, bias, h, stored,
+                                                           reset, True, True, True)  # fmt: skip
+    d_xp, want_st, want_b = ops.linear_mingru_backward(grad, xp, bias, want_h, stored, reset,
+                                                       True)  # fmt: skip
+    want_x = torch.matmul(d_xp, weight)
+    want_w = torch.einsum("tnj,tnf->jf", d_xp, x)
+    for got, want in ((d_x, want_x), (d_w, want_w), (d_b, want_b), (d_st, want_st)):
+        assert got.shape == want.shape
+        _close(got, want, dtype)
+    none = ops.linear_mingru_fused_backward(grad, x, weight, None, h, stored, reset, False,
+                                            False, False)  # fmt: skip
+    assert [t.numel() for t in (none[0], none[1], none[3])] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("level", ["0", "1", "2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_mingru_fused_at_every_vector_width(ops, monkeypatch, level, dtype):
+    """The small matmuls at 16-byte, AVX2 and AVX-512 widths (RECURRL_EXT_GEMM_LEVEL caps
+    the one the CPU offers): the numbers of the projection by torch, each width."""
+    monkeypatch.setenv("RECURRL_EXT_GEMM_LEVEL", level)
+    x, weight, bias, stored, reset = _fused_problem(21, 7, 17, 20, dtype, True)
+    grad = torch.randn(21, 7, 20, dtype=dtype)
+    h = ops.linear_mingru_fused_forward(x, weight, bias, stored, reset)
+    xp = torch.matmul(x, weight.t())
+    _close(h, ops.linear_mingru_forward(xp, bias, stored, reset), dtype)
+    d_x, d_w, _, _ = ops.linear_mingru_fused_backward(grad, x, weight, bias, h, stored, reset,
+                                                      True, True, False)  # fmt: skip
+    d_xp = ops.linear_mingru_backward(grad, xp, bias, h, stored, reset, False)[0]
+    _close(d_x, torch.matmul(d_xp, weight), dtype)
+    _close(d_w, torch.einsum("tnj,tnf->jf", d_xp, x), dtype)
 
 
 def test_gradcheck_lru(ops):
@@ -278,6 +362,12 @@ def test_bad_inputs_are_refused_with_what_was_expected(ops):
         ops.linear_mingru_forward(xp, None, stored.double(), reset)
     with pytest.raises(RuntimeError, match=r"expected bias of shape \[6\]"):
         ops.linear_mingru_forward(xp, torch.ones(3), stored, reset)
+    with pytest.raises(RuntimeError, match=r"expected weight of shape \[2H, 6\]"):
+        ops.linear_mingru_fused_forward(xp, torch.ones(6, 5), None, stored, reset)
+    with pytest.raises(RuntimeError, match=r"expected stored of shape \[4, 2, 2\]"):
+        ops.linear_mingru_fused_forward(xp, torch.ones(4, 6), None, stored, reset)
+    with pytest.raises(RuntimeError, match="expected weight as a CPU Float tensor"):
+        ops.linear_mingru_fused_forward(xp, torch.ones(6, 6).double(), None, stored, reset)
     with pytest.raises(RuntimeError, match=r"expected lam_im of shape \[3\]"):
         ops.linear_lru_forward(xp, stored.repeat(1, 1, 2), reset, torch.ones(3), torch.ones(2),
                                torch.ones(3))  # fmt: skip
