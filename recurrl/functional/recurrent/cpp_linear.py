@@ -172,7 +172,9 @@ def lru_cpp_layer(
     xp = cfg.kind.project(cfg, lw, layer_in)
     lam, gamma = lru_lambda(lw.nu_log, lw.theta_log)
     dtype = xp.dtype
-    y, h = _LRUCpp.apply(xp, stored[1].to(dtype), reset, lam.real.to(dtype),
+    # one contiguous copy of the strided stored state, saved for backward as it is (the ops
+    # would copy it in forward and again in backward)
+    y, h = _LRUCpp.apply(xp, stored[1].to(dtype).contiguous(), reset, lam.real.to(dtype),
                          lam.imag.to(dtype), gamma.to(dtype), lw.weight_ho)  # fmt: skip
     return y, h
 
