@@ -10,6 +10,12 @@ With ``--device cuda`` the collector runs the policy on the GPU (``Collector(dev
 while the envs stay on CPU: every step moves the observation there and the action back. The
 plain loop stays on CPU, as the ceiling to compare with.
 
+The ``cpp`` line is a third collector, timed in the same interleaved rounds, whose policy's
+``LSTMModule`` is built with ``recurrent_backend="cpp"`` (same weights): its acting step is one
+C++ operator (``recurrl/functional/recurrent/cpp_step.py``). It is left out, with the reason,
+where the C++ extension cannot be built, with ``--python-based`` and off CPU (the operator
+steps CPU modules built on torch's LSTM only).
+
 Run: ``python benchmarks/collect.py [--quick] [--threads N] [--envs 1 8] [--device cuda]
 [--cpu-time] [--rounds R]``
 """
@@ -31,6 +37,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import compare
 
+from recurrl._ext import extension_unavailable_reason, load_extension
 from recurrl.collectors import Collector
 from recurrl.envs import GymEnv, GymVecEnv
 from recurrl.modules import LSTMModule
@@ -38,14 +45,15 @@ from recurrl.modules import LSTMModule
 OBS, ACTIONS, H = 4, 2, 16
 
 
-def make_policy(python_based: bool) -> tuple[Seq, LSTMModule, nn.Linear]:
-    torch.manual_seed(0)
+def make_policy(python_based: bool, backend: str = "pad") -> tuple[Seq, LSTMModule, nn.Linear]:
+    torch.manual_seed(0)  # the same weights whatever the backend
     lstm = LSTMModule(
         OBS,
         H,
         in_keys=["observation", "rs_h", "rs_c"],
         out_keys=["features", ("next", "rs_h"), ("next", "rs_c")],
         python_based=python_based,
+        recurrent_backend=backend,
     )
     head = nn.Linear(H, ACTIONS)
     policy = Seq(
@@ -168,17 +176,31 @@ def main() -> None:
         f"{torch.get_num_threads()}, frames/call={frames}, CartPole-v1, LSTM H={H}, "
         f"policy on {args.device or 'cpu'}"
     )
+    cpp_reason = extension_unavailable_reason()
+    if cpp_reason is None and args.python_based:
+        cpp_reason = "--python-based: the C++ step runs modules built on torch's LSTM only"
+    if cpp_reason is None and args.device and torch.device(args.device).type != "cpu":
+        cpp_reason = f"--device {args.device}: the C++ step runs on CPU only"
+    if cpp_reason is None:
+        load_extension()  # compiled before timing (once, ~1.5 min)
+    else:
+        print(f"cpp line left out: {cpp_reason}")
     policy, lstm, head = make_policy(args.python_based)
+    policies = {"collector": policy}
+    if cpp_reason is None:
+        policies["cpp"], cpp_lstm, _ = make_policy(False, backend="cpp")
     for n_envs in args.envs:
-        if n_envs > 1:
-            env = GymVecEnv("CartPole-v1", num_envs=n_envs, vectorization="sync")
-        else:
-            env = GymEnv("CartPole-v1")
-        env.set_seed(0)
-        collector = Collector(env, policy, frames_per_batch=frames, device=args.device)
+        collectors = {}
+        for name, pol in policies.items():
+            if n_envs > 1:
+                env = GymVecEnv("CartPole-v1", num_envs=n_envs, vectorization="sync")
+            else:
+                env = GymEnv("CartPole-v1")
+            env.set_seed(0)
+            collectors[name] = Collector(env, pol, frames_per_batch=frames, device=args.device)
         plain, plain_env = plain_loop(n_envs, frames // n_envs, lstm, head)
         times = compare(
-            {"collector": collector.rollout, "plain": plain},
+            {**{k: c.rollout for k, c in collectors.items()}, "plain": plain},
             rounds=rounds,
             inner=1,
             warmup=warmup,
@@ -191,9 +213,19 @@ def main() -> None:
             f"{fps['plain']:8.0f} frames/s ({times['plain'] / frames * 1e6:6.1f} us/frame), "
             f"ratio {fps['collector'] / fps['plain']:.2f}"
         )
+        if "cpp" in collectors:
+            # the C++ operator stepped the policy (not torch's cells: no fallback was taken)
+            assert cpp_lstm._step_plan is not None and cpp_lstm._step_plan.cpp_step is not None
+            print(
+                f"        cpp: collector {fps['cpp']:8.0f} frames/s "
+                f"({times['cpp'] / frames * 1e6:6.1f} us/frame), ratio "
+                f"{fps['cpp'] / fps['plain']:.2f} (recurrent_backend='cpp', the fused step)"
+            )
         if args.breakdown:
-            print("    " + breakdown(collector, frames))
-        collector.shutdown()
+            for name, collector in collectors.items():
+                print(f"    {name + ':':10s} " + breakdown(collector, frames))
+        for collector in collectors.values():
+            collector.shutdown()
         plain_env.close()
 
 

@@ -1,19 +1,23 @@
 """The collector's fast paths against their oracles: whole batches against a hand loop
-over the public env methods, and the leaf-by-leaf stacking (``stack_plain``) against
-``torch.stack``."""
+over the public env methods, the leaf-by-leaf stacking (``stack_plain``) against
+``torch.stack``, and a policy stepping through the ``cpp`` backend's operator against the
+default policy."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from tensordict import TensorDict
+from tensordict.nn import TensorDictModule as Mod
+from tensordict.nn import TensorDictSequential as Seq
+from torch import nn
 
 from recurrl.collectors import Collector
 from recurrl.collectors.collector import _CHUNK_STEPS
 from recurrl.envs import Compose, GymEnv, InitTracker, TransformedEnv
-from recurrl.modules import set_recurrent_mode
+from recurrl.modules import LSTMModule, set_recurrent_mode
 from recurrl.testing import CountingEnv
-from tests.collectors.test_collector import collect, make_policy
+from tests.collectors.test_collector import STATE_KEYS, H, collect, make_policy
 
 
 # --- the collector's loop against the public methods ---------------------------------------
@@ -197,3 +201,55 @@ def test_stack_plain_takes_the_collectors_steps():
     collector._stack = spy
     collector.rollout()
     assert taken and all(taken)
+
+
+# --- a policy whose LSTM steps through the cpp backend's operator -------------------------
+def _cpp_or_default_policy(backend: str):
+    """The tutorial's policy (``benchmarks/collect.py``'s), with the LSTM module built with
+    ``recurrent_backend=backend``; the same weights whatever the backend."""
+    torch.manual_seed(0)
+    lstm = LSTMModule(
+        4,
+        H,
+        in_keys=["observation", *STATE_KEYS],
+        out_keys=["features", *(("next", k) for k in STATE_KEYS)],
+        recurrent_backend=backend,
+    )
+    policy = Seq(
+        lstm,
+        Mod(nn.Linear(H, 2), in_keys=["features"], out_keys=["logits"]),
+        Mod(lambda logits: logits.argmax(-1), in_keys=["logits"], out_keys=["action"]),
+    )
+    return lstm, policy
+
+
+@pytest.mark.usefixtures("cpp_extension")  # tests/conftest.py: skipped where it cannot build
+@pytest.mark.parametrize("n_envs", [1, 3])
+def test_cpp_backend_policy_collects_the_same_batches(n_envs):
+    """With ``recurrent_backend="cpp"`` the collector's policy steps through the C++
+    operator, and its batches are the default policy's: the same keys, shapes and dtypes,
+    the same actions and trajectories on CartPole, the LSTM's features and states within
+    float32 rounding (the operator's gates round as the ``cpp`` scan's, not as torch's)."""
+    from recurrl.envs import GymVecEnv
+
+    batches = {}
+    for backend in ("pad", "cpp"):
+        lstm, policy = _cpp_or_default_policy(backend)
+        env = GymEnv("CartPole-v1") if n_envs == 1 else GymVecEnv("CartPole-v1", num_envs=n_envs)
+        env.set_seed(3)
+        collector = Collector(env, policy, frames_per_batch=40 * n_envs)
+        batches[backend] = [collector.rollout() for _ in range(2)]
+        assert (lstm._step_plan.cpp_step is not None) == (backend == "cpp")
+        collector.shutdown()
+    for a, e in zip(batches["cpp"], batches["pad"], strict=True):
+        assert a.batch_size == e.batch_size
+        assert set(a.keys(True, True)) == set(e.keys(True, True))
+        for key in e.keys(True, True):
+            x, y = a.get(key), e.get(key)
+            assert x.dtype == y.dtype and x.shape == y.shape, key
+            if x.is_floating_point():
+                torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=str(key))
+            else:
+                assert torch.equal(x, y), key
+    done = torch.cat([b.get(("next", "done")).flatten() for b in batches["pad"]])
+    assert done.any()  # the batches cross episode ends: the operator's reset was taken
