@@ -258,6 +258,10 @@ def check_recurrent_options(
         if reason is not None:
             raise ValueError(reason)
     if entry.check is not None:
+        # a linear-recurrent cell is python-native by construction, not by request: its
+        # python_based=True asks nothing of the backend
+        if isinstance(kind, LinearCellKind):
+            python_based = False
         entry.check(options, python_based=python_based, device=device, proj_size=proj_size)
 
 

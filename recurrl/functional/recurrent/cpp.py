@@ -37,6 +37,7 @@ from torch.utils.checkpoint import checkpoint
 from recurrl import _ext
 from recurrl.functional.recurrent.cell import CellKind
 from recurrl.functional.recurrent.config import LayerWeights, RNNConfig, drive_layers
+from recurrl.functional.recurrent.linear_cells import LinearCellKind
 from recurrl.functional.sequences import segment_starts
 
 __all__ = [
@@ -131,8 +132,13 @@ def register_cpp_layer(name: str, fn: CppLayerFn, *, replace: bool = False) -> C
 
 
 def cpp_refuses(kind: CellKind, python_based: bool) -> str | None:
-    """``None`` when ``cpp`` runs ``kind``, else why not."""
-    if python_based:
+    """``None`` when ``cpp`` runs ``kind``, else why not.
+
+    ``python_based`` refuses the LSTM/GRU (it asks for torch's python-native cell ops instead
+    of fused kernels), not a linear-recurrent cell, whose python-native form is its only one
+    (as with ``assoc``, the C++ loop computes that same form).
+    """
+    if python_based and not isinstance(kind, LinearCellKind):
         return "it runs compiled C++ kernels, not python-native torch ops (python_based=True)."
     if kind.name not in CPP_LAYERS:
         return f"its C++ kernels are written for {sorted(CPP_LAYERS)} only."

@@ -201,6 +201,9 @@ def test_refuses_kinds_without_a_layer_and_python_based():
         check_recurrent_options("cpp", "none", python_based=True)
     with pytest.raises(ValueError, match="proj_size"):
         check_recurrent_options("cpp", "none", python_based=False, proj_size=2, mode="lstm")
+    # a linear-recurrent cell is python-native by construction: nothing to refuse
+    for mode in ("mingru", "lru"):
+        assert cpp_refuses(get_cell_kind(mode), True) is None
 
 
 def test_refusal_consults_the_layers_at_call_time(monkeypatch):
