@@ -4,9 +4,10 @@ Every ``csrc/*.cpp`` file registers its operators with ``TORCH_LIBRARY_FRAGMENT(
 :func:`load_extension` compiles them all into one shared library with
 :func:`torch.utils.cpp_extension.load` (needs a C++ compiler and ``ninja``), after which they
 are ``torch.ops.recurrl.<name>``. The build directory is ``$RECURRL_EXT_DIR`` when set, else
-``~/.cache/recurrl/ext/<torch version>-<hash of the sources>``: a change of torch or of the
-sources builds afresh, anything else reuses the library. ``python -m recurrl._ext`` (or
-``recurrl build-ext``) compiles ahead of time.
+``~/.cache/recurrl/ext/<torch version>-<hash of the sources>`` (``csrc/*.cpp``, ``csrc/*.h``
+and the compiler flags): a change of torch or of the sources builds afresh, anything else
+reuses the library. ``python -m recurrl._ext`` (or ``recurrl build-ext``) compiles ahead of
+time.
 
 Examples:
     >>> from recurrl._ext import extension_unavailable_reason
@@ -41,6 +42,12 @@ _CSRC = Path(__file__).resolve().parent / "csrc"
 _TAIL = 4000  # characters of the compiler's output kept in an error
 _lock = threading.Lock()
 _loaded = False
+# OpenMP where torch runs on it (Linux builds; torch's own libgomp serves the library): without
+# it at::parallel_for compiles to a serial loop and the kernels use one thread whatever
+# torch.get_num_threads() says.
+_OPENMP = sys.platform.startswith("linux") and torch.backends.openmp.is_available()
+_CFLAGS = ["-O3", "-fopenmp"] if _OPENMP else ["-O3"]
+_LDFLAGS = ["-fopenmp"] if _OPENMP else []
 
 
 def source_files() -> list[Path]:
@@ -49,8 +56,8 @@ def source_files() -> list[Path]:
 
 
 def _sources_hash(sources: list[Path]) -> str:
-    digest = hashlib.sha256()
-    for path in sources:
+    digest = hashlib.sha256(" ".join(_CFLAGS + _LDFLAGS).encode())
+    for path in [*sources, *sorted(_CSRC.glob("*.h"))]:  # the headers they include too
         digest.update(path.name.encode())
         digest.update(b"\0")
         digest.update(path.read_bytes())
@@ -129,7 +136,8 @@ def load_extension(verbose: bool = False) -> None:
             load(
                 name=EXTENSION_NAME,
                 sources=[str(s) for s in sources],
-                extra_cflags=["-O3"],
+                extra_cflags=_CFLAGS,
+                extra_ldflags=_LDFLAGS,
                 is_python_module=False,
                 build_directory=str(directory),
                 verbose=verbose,

@@ -43,6 +43,18 @@ def test_build_directory_follows_the_sources(tmp_path, monkeypatch):
     assert _ext.build_directory([src]) == tmp_path / "here"
 
 
+def test_build_directory_follows_the_headers(tmp_path, monkeypatch):
+    """A header is compiled into every source that includes it: a change builds afresh."""
+    monkeypatch.delenv("RECURRL_EXT_DIR", raising=False)
+    monkeypatch.setattr(_ext, "_CSRC", tmp_path)
+    src = tmp_path / "a.cpp"
+    src.write_text('#include "a.h"')
+    (tmp_path / "a.h").write_text("int a;")
+    first = _ext.build_directory([src])
+    (tmp_path / "a.h").write_text("int b;")
+    assert _ext.build_directory([src]) != first
+
+
 def test_sources_are_every_cpp_file_sorted():
     sources = _ext.source_files()
     assert sources == sorted(sources)
@@ -53,7 +65,7 @@ def test_build_failure_carries_the_compiler_output(tmp_path, monkeypatch, capsys
     import torch.utils.cpp_extension as cpp_extension
 
     def failing_load(**kwargs):
-        assert kwargs["extra_cflags"] == ["-O3"] and kwargs["is_python_module"] is False
+        assert kwargs["extra_cflags"][0] == "-O3" and kwargs["is_python_module"] is False
         raise RuntimeError("Error building extension 'recurrl_ext':\nrnn.cpp:1: error: boom")
 
     monkeypatch.setattr(_ext, "_loaded", False)

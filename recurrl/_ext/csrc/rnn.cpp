@@ -19,6 +19,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "mm_rows.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -217,92 +219,7 @@ RECURRL_GRU_BWD(gru_bwd_start, double, false, inline)
 
 #pragma GCC pop_options
 
-// ------------------------------------------------------------------------------ matmul
-// torch's own BLAS (MKL in the official wheels) when it exports the Fortran symbols, resolved
-// at load time; else at::mm_out/addmm_ on views of the same memory.
-#if defined(__linux__) && defined(__GNUC__)
-#define RECURRL_WEAK_BLAS 1
-extern "C" {
-void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*,
-            const float*, const int*, const float*, const int*, const float*, float*,
-            const int*) __attribute__((weak));
-void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*,
-            const double*, const int*, const double*, const int*, const double*, double*,
-            const int*) __attribute__((weak));
-}
-#endif
-
-// RECURRL_EXT_TORCH_MM=1 (read at each op call) takes the at::mm_out path even where BLAS is
-// found: for tests of that path.
-thread_local bool g_torch_mm = false;
-
-void read_mm_setting() {
-  const char* value = std::getenv("RECURRL_EXT_TORCH_MM");
-  g_torch_mm = value != nullptr && value[0] == '1';
-}
-
-template <typename T>
-inline bool blas_gemm(char ta, char tb, int m, int n, int k, T alpha, const T* a, int lda,
-                      const T* b, int ldb, T beta, T* c, int ldc) {
-#ifdef RECURRL_WEAK_BLAS
-  if (g_torch_mm) return false;
-  if constexpr (std::is_same_v<T, float>) {
-    if (sgemm_ == nullptr) return false;
-    sgemm_(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
-  } else {
-    if (dgemm_ == nullptr) return false;
-    dgemm_(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
-  }
-  return true;
-#else
-  return false;  // elsewhere a weak reference may not link: at::mm_out below
-#endif
-}
-
-template <typename T>
-Tensor view_of(const T* p, int64_t rows, int64_t cols, int64_t ld, bool trans) {
-  auto options = at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value);
-  Tensor t = at::from_blob(const_cast<T*>(p), {trans ? cols : rows, trans ? rows : cols},
-                           {ld, 1}, options);
-  return trans ? t.t() : t;
-}
-
-// Row-major C[m, n] = beta * C + op(A)[m, k] @ op(B)[k, n] (beta 0 or 1), where op
-// transposes a row-major operand stored with leading dimension lda/ldb.
-template <typename T>
-void mm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
-        const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  constexpr int64_t kMax = std::numeric_limits<int>::max();
-  if (m < kMax && n < kMax && k < kMax && lda < kMax && ldb < kMax && ldc < kMax && k > 0) {
-    // column-major: C^T = op(B)^T op(A)^T
-    if (blas_gemm<T>(trans_b ? 'T' : 'N', trans_a ? 'T' : 'N', static_cast<int>(n),
-                     static_cast<int>(m), static_cast<int>(k), T(1), b, static_cast<int>(ldb),
-                     a, static_cast<int>(lda), beta, c, static_cast<int>(ldc))) {
-      return;
-    }
-  }
-  Tensor ct = view_of<T>(c, m, n, ldc, false);
-  Tensor at_ = view_of<T>(a, m, k, lda, trans_a);
-  Tensor bt = view_of<T>(b, k, n, ldb, trans_b);
-  if (beta == T(0)) {
-    at::mm_out(ct, at_, bt);
-  } else {
-    ct.addmm_(at_, bt);
-  }
-}
-
-// Rows of one step's pointwise loop, in chunks of at least ~4096 elements per thread.
-template <typename F>
-void for_rows(int64_t n, int64_t width, const F& body) {
-  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(width, 1));
-  if (n <= grain) {
-    body(0, n);
-  } else {
-    at::parallel_for(0, n, grain, body);
-  }
-}
-
+// (matmul and the rows' split over threads: mm_rows.h)
 void check_inputs(const char* op, const Tensor& xp, const Tensor& reset, const Tensor& w_hh,
                   int64_t gates) {
   TORCH_CHECK(xp.device().is_cpu(), op, ": expected CPU tensors, received ", xp.device(),
@@ -367,11 +284,11 @@ void lstm_forward_impl(const Tensor& xp_t, const Tensor& sh_t, const Tensor& sc_
   if (steps == 0 || n == 0) return;
   std::memcpy(hin, sh, nh * sizeof(T));
   std::memcpy(cin, sc, nh * sizeof(T));
-  for (int64_t t = 0; t < steps; ++t) {
-    T* gates_s = gates + t * n * g4;
-    mm<T>(false, true, n, g4, hid, hin + t * nh, hid, w, hid, T(0), gates_s, g4);
-    const bool last = t + 1 == steps;
-    for_rows(n, 5 * hid, [&](int64_t r0, int64_t r1) {
+  for_row_blocks(n, [&](int64_t r0, int64_t r1) {
+    for (int64_t t = 0; t < steps; ++t) {
+      const int64_t o = t * n + r0;
+      mm<T>(false, true, r1 - r0, g4, hid, hin + o * hid, hid, w, hid, T(0), gates + o * g4, g4);
+      const bool last = t + 1 == steps;
       for (int64_t row = r0; row < r1; ++row) {
         const int64_t o4 = (t * n + row) * g4, o1 = (t * n + row) * hid;
         lstm_fwd_row_f(hid, xp + o4, gates + o4, cin + o1, h + o1, c + o1, tc + o1);
@@ -382,8 +299,8 @@ void lstm_forward_impl(const Tensor& xp_t, const Tensor& sh_t, const Tensor& sc_
           std::memcpy(cin + nxt, r ? sc + nxt : c + o1, hid * sizeof(T));
         }
       }
-    });
-  }
+    }
+  });
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_scan_forward(
@@ -424,9 +341,9 @@ void lstm_backward_impl(const Tensor& dho_t, const Tensor& dco_t, const Tensor& 
   T* dsh = dsh_t.mutable_data_ptr<T>();  // per step: the gradient into h_in (all rows)
   T* dsc = dsc_t.mutable_data_ptr<T>();  // per step: the gradient into c_in (all rows)
   const int64_t nh = n * hid;
-  for (int64_t t = steps - 1; t >= 0; --t) {
-    const bool last = t + 1 == steps;
-    for_rows(n, 5 * hid, [&](int64_t r0, int64_t r1) {
+  for_row_blocks(n, [&](int64_t r0, int64_t r1) {
+    for (int64_t t = steps - 1; t >= 0; --t) {
+      const bool last = t + 1 == steps;
       for (int64_t row = r0; row < r1; ++row) {
         const int64_t o4 = (t * n + row) * g4, o1 = (t * n + row) * hid;
         // the next step carried this one's state unless it restarted there: selected, as
@@ -439,9 +356,10 @@ void lstm_backward_impl(const Tensor& dho_t, const Tensor& dco_t, const Tensor& 
                                    tc + o1, cin + o1, dgates + o4, dsc + o1);
         }
       }
-    });
-    mm<T>(false, false, n, hid, g4, dgates + t * n * g4, g4, w, hid, T(0), dsh + t * nh, hid);
-  }
+      const int64_t o = t * n + r0;
+      mm<T>(false, false, r1 - r0, hid, g4, dgates + o * g4, g4, w, hid, T(0), dsh + o * hid, hid);
+    }
+  });
   zero_unread(dsh, reset, steps, n, hid);
   zero_unread(dsc, reset, steps, n, hid);
   mm<T>(true, false, g4, hid, steps * n, dgates, g4, hin, hid, T(0),
@@ -487,10 +405,11 @@ void gru_forward_impl(const Tensor& xp_t, const Tensor& sh_t, const Tensor& rese
   Tensor gh_t = at::empty({n, g3}, xp_t.options());
   T* gh = gh_t.mutable_data_ptr<T>();
   std::memcpy(hin, sh, nh * sizeof(T));
-  for (int64_t t = 0; t < steps; ++t) {
-    mm<T>(false, true, n, g3, hid, hin + t * nh, hid, w, hid, T(0), gh, g3);
-    const bool last = t + 1 == steps;
-    for_rows(n, 4 * hid, [&](int64_t r0, int64_t r1) {
+  for_row_blocks(n, [&](int64_t r0, int64_t r1) {
+    for (int64_t t = 0; t < steps; ++t) {
+      mm<T>(false, true, r1 - r0, g3, hid, hin + (t * n + r0) * hid, hid, w, hid, T(0),
+            gh + r0 * g3, g3);
+      const bool last = t + 1 == steps;
       for (int64_t row = r0; row < r1; ++row) {
         const int64_t o3 = (t * n + row) * g3, o1 = (t * n + row) * hid;
         gru_fwd_row_f(hid, xp + o3, gh + row * g3, b, hin + o1, rz + 2 * o1, nn + o1,
@@ -500,8 +419,8 @@ void gru_forward_impl(const Tensor& xp_t, const Tensor& sh_t, const Tensor& rese
           std::memcpy(hin + nxt, reset[(t + 1) * n + row] ? sh + nxt : h + o1, hid * sizeof(T));
         }
       }
-    });
-  }
+    }
+  });
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> gru_scan_forward(
@@ -543,9 +462,9 @@ void gru_backward_impl(const Tensor& dho_t, const Tensor& reset_t, const Tensor&
   T* dsh = dsh_t.mutable_data_ptr<T>();  // per step: the gradient into h_in (all rows)
   T* dgh = dgh_t.mutable_data_ptr<T>();
   const int64_t nh = n * hid;
-  for (int64_t t = steps - 1; t >= 0; --t) {
-    const bool last = t + 1 == steps;
-    for_rows(n, 4 * hid, [&](int64_t r0, int64_t r1) {
+  for_row_blocks(n, [&](int64_t r0, int64_t r1) {
+    for (int64_t t = steps - 1; t >= 0; --t) {
+      const bool last = t + 1 == steps;
       for (int64_t row = r0; row < r1; ++row) {
         const int64_t o3 = (t * n + row) * g3, o1 = (t * n + row) * hid;
         if (!last && !reset[(t + 1) * n + row]) {  // selected (see the LSTM's)
@@ -556,9 +475,10 @@ void gru_backward_impl(const Tensor& dho_t, const Tensor& reset_t, const Tensor&
                                   ghn + o1, dgh + o3, dxp + o3, dsh + o1);
         }
       }
-    });
-    mm<T>(false, false, n, hid, g3, dgh + t * n * g3, g3, w, hid, T(1), dsh + t * nh, hid);
-  }
+      const int64_t o = t * n + r0;
+      mm<T>(false, false, r1 - r0, hid, g3, dgh + o * g3, g3, w, hid, T(1), dsh + o * hid, hid);
+    }
+  });
   zero_unread(dsh, reset, steps, n, hid);
   mm<T>(true, false, g3, hid, steps * n, dgh, g3, hin, hid, T(0), dw_t.mutable_data_ptr<T>(),
         hid);

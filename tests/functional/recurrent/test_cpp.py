@@ -268,3 +268,19 @@ def test_torch_matmul_path_equals_the_blas_path(mode, dtype, monkeypatch):
     monkeypatch.setenv("RECURRL_EXT_TORCH_MM", "1")
     for a, b in zip(_run(_cpp, p), blas, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5 if dtype == torch.float32 else 1e-12, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+@pytest.mark.parametrize("n", [32, 40, 33])
+@pytest.mark.parametrize("torch_mm", [False, True])
+def test_two_threads_compute_the_numbers_of_one(mode, n, torch_mm, monkeypatch):
+    """With several threads the rows run in blocks, each through all steps (one GEMM of its
+    rows per step): every row's numbers are bit for bit those of one thread, forward and
+    backward, on the BLAS path and on at::mm_out (the setting reaches every thread)."""
+    if torch_mm:
+        monkeypatch.setenv("RECURRL_EXT_TORCH_MM", "1")
+    p = make_problem(mode, n=n, steps=5, hidden=24, input_size=5, p_init=0.2, seed=9)
+    one = _run(_cpp, p)
+    torch.set_num_threads(2)  # the autouse fixture restores the count
+    for a, b in zip(_run(_cpp, p), one, strict=True):
+        assert torch.equal(a, b)
