@@ -21,14 +21,6 @@ from recurrl.testing import CountingEnv
 BACKENDS = ["auto", "assoc", "scan", "pad", "cpp"]
 
 
-@pytest.fixture(autouse=True)
-def _cpp_kernels(request):
-    """The ``cpp`` cases need recurrl's C++ kernels: built once, or skipped with the reason."""
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and callspec.params.get("backend") == "cpp":
-        request.getfixturevalue("cpp_extension")
-
-
 KEYS = ("recurrent_state_y", "recurrent_state_h")
 SIZES = (6, 12)
 

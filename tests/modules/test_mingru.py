@@ -20,14 +20,6 @@ from recurrl.testing import CountingEnv
 BACKENDS = ["auto", "assoc", "scan", "pad", "cpp"]
 
 
-@pytest.fixture(autouse=True)
-def _cpp_kernels(request):
-    """The ``cpp`` cases need recurrl's C++ kernels: built once, or skipped with the reason."""
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and callspec.params.get("backend") == "cpp":
-        request.getfixturevalue("cpp_extension")
-
-
 KEY = "recurrent_state"
 
 
