@@ -11,8 +11,16 @@ than recurrl; it imports nothing of recurrl.
 A sanity line per shape checks the call: without resets the reference kernel must give
 cuDNN's output (both TF32 off).
 
+Its kernels autotune on their first call, and at these hidden sizes each configuration takes
+seconds to compile, one after the other: the first shape alone did not finish in 120 s.
+``--warm K`` compiles, without timing anything, only the K-th configuration that survives
+each kernel's own pruning; running ``--warm 0`` ... ``--warm 7`` as parallel processes fills
+triton's on-disk cache on every core, after which the timed run's autotuning (which still
+benchmarks every configuration and keeps the fastest, as the library does) finds each
+compiled kernel in the cache.
+
 Run (with torchrl and its dependencies importable):
-``python benchmarks/triton_gpu_reference.py [--rounds N]``
+``python benchmarks/triton_gpu_reference.py [--rounds N] [--cells lstm gru] [--shapes 0 1]``
 """
 
 from __future__ import annotations
@@ -100,12 +108,45 @@ def sanity(mode: str, batch: int, steps: int, hidden: int) -> float:
     return ((got - want).abs().max() / want.abs().max()).item()
 
 
-def run(rounds: int, variants: list[str]) -> list[str]:
+def only_config(index: int) -> None:
+    """Make each autotuned kernel of the reference keep only the ``index``-th configuration
+    its own pruning leaves (the last one when there are fewer), so that a warm-up process
+    compiles one configuration per kernel."""
+    from torchrl.modules.tensordict_module import _rnn_triton
+    from triton.runtime.autotuner import Autotuner
+
+    for kernel in vars(_rnn_triton).values():
+        if not isinstance(kernel, Autotuner):
+            continue
+        prune = kernel.early_config_prune or (lambda configs, named_args, **kw: configs)
+
+        def pick(configs, named_args, _prune=prune, **kw):
+            kept = _prune(configs, named_args, **kw)
+            return [kept[min(index, len(kept) - 1)]]
+
+        kernel.early_config_prune = pick
+
+
+def warm(variants: list[str], cells: list[str], shapes: list[tuple[int, int, int]]) -> None:
+    """Call each variant once per cell and shape (compiling), timing nothing."""
+    for mode in cells:
+        for batch, steps, hidden in shapes:
+            for name in variants:
+                try:
+                    make_step(mode, batch, steps, hidden, name, **VARIANTS[name])()
+                except Exception as err:
+                    print(f"warm {mode} {batch} {steps} {hidden} {name}: {err}", flush=True)
+    torch.cuda.synchronize()
+
+
+def run(
+    rounds: int, variants: list[str], cells: list[str], shapes: list[tuple[int, int, int]]
+) -> list[str]:
     header = ("mode", "B", "T", "H", "backend", "ms", "MiB", "/cudnn", "mem/cudnn")
     rows = Rows()
     rows.append("{:5} {:>4} {:>4} {:>4}  {:14} {:>8} {:>8} {:>7} {:>9}".format(*header))
-    for mode in ("lstm", "gru"):
-        for batch, steps, hidden in SHAPES:
+    for mode in cells:
+        for batch, steps, hidden in shapes:
             fns = {"cudnn": make_step(mode, batch, steps, hidden, "cudnn")}
             for name in variants:
                 fns[name] = make_step(mode, batch, steps, hidden, name, **VARIANTS[name])
@@ -118,11 +159,17 @@ def run(rounds: int, variants: list[str]) -> list[str]:
                     f"{times[name] * 1e3:8.2f} {mem[name]:8.1f} "
                     f"{times[name] / times['cudnn']:7.2f} {mem[name] / mem['cudnn']:9.2f}"
                 )
+    # last: in IEEE precision it autotunes and compiles the kernels once more
+    for mode in cells:
+        for batch, steps, hidden in shapes:
             try:
                 dev = f"{sanity(mode, batch, steps, hidden):.1e}"
             except Exception as err:
                 dev = f"FAILED: {type(err).__name__}: {err}"
-            rows.append(f"  sanity: reference vs cuDNN without resets {dev}")
+            rows.append(
+                f"{mode:5} {batch:4d} {steps:4d} {hidden:4d}  sanity: reference vs cuDNN "
+                f"without resets {dev}"
+            )
     return rows
 
 
@@ -136,6 +183,21 @@ def main() -> None:
         default=list(VARIANTS),
         help="which of the reference's modes to time (its first call autotunes each)",
     )
+    parser.add_argument("--cells", nargs="+", choices=["lstm", "gru"], default=["lstm", "gru"])
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        type=int,
+        choices=range(len(SHAPES)),
+        default=list(range(len(SHAPES))),
+        help=f"indices into {SHAPES} (B, T, H)",
+    )
+    parser.add_argument(
+        "--warm",
+        type=int,
+        metavar="K",
+        help="only compile the K-th configuration of each kernel (no timing): see above",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/triton_gpu_reference.py needs a CUDA device.")
@@ -143,10 +205,15 @@ def main() -> None:
         import torchrl
     except ImportError as err:
         sys.exit(f"benchmarks/triton_gpu_reference.py needs torchrl ({err}).")
+    shapes = [SHAPES[i] for i in args.shapes]
+    if args.warm is not None:
+        only_config(args.warm)
+        warm(args.variants, args.cells, shapes)
+        return
     print(
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}, torchrl {torchrl.__version__}"
     )
-    run(args.rounds, args.variants)  # rows are printed as they come
+    run(args.rounds, args.variants, args.cells, shapes)  # rows are printed as they come
 
 
 if __name__ == "__main__":
