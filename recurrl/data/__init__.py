@@ -7,6 +7,7 @@ imported on first use, so importing this package never imports Ray.
 from recurrl.data.replay_buffers import ReplayBuffer, TensorDictReplayBuffer
 from recurrl.data.samplers import (
     PrioritizedSliceSampler,
+    PrioritizedTapeSampler,
     RandomSampler,
     Sampler,
     SliceSampler,
@@ -22,6 +23,7 @@ __all__ = [
     "LazyMemmapStorage",
     "LazyTensorStorage",
     "PrioritizedSliceSampler",
+    "PrioritizedTapeSampler",
     "RandomSampler",
     "ReplayBuffer",
     "RoundRobinWriter",

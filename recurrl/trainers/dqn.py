@@ -35,17 +35,20 @@ runs with ``burn_in=0`` (every sequence starts an episode from its exact initial
 the flat ``[num_tapes * tape_frames]`` batch: recurrent mode restarts at every ``is_init``
 and the ``n_steps`` targets stop at every episode end (a ``done`` step, the step before an
 ``is_init``), so nothing flows or bootstraps from one episode into the next; padded steps
-(``("collector", "mask")`` False) are out of the loss. Burn-in options and prioritized
-replay are refused with tapes (:class:`~recurrl.trainers.DQNConfig`).
+(``("collector", "mask")`` False) are out of the loss. Burn-in options are refused with
+tapes (:class:`~recurrl.trainers.DQNConfig`).
 
-With ``prioritized`` (``--prioritized``), a :class:`~recurrl.data.PrioritizedSliceSampler`
-draws the slices by priority (the same valid starts) and each step carries its slice's
-importance weight ``"_weight"``, which ``DQNLoss`` multiplies into the step losses. The
-sampler is built with ``beta=1`` and the trainer raises the weights to the annealed ``beta``
+With ``prioritized`` (``--prioritized``), a :class:`~recurrl.data.PrioritizedTapeSampler`
+draws the episodes of the tapes by priority (with ``sampler="slice"``, a
+:class:`~recurrl.data.PrioritizedSliceSampler` draws the slices by priority, from the same
+valid starts) and each step carries its sequence's importance weight ``"_weight"``, which
+``DQNLoss`` multiplies into the step losses. The sampler is built with ``beta=1`` and the
+trainer raises the weights to the annealed ``beta``
 (``w(beta) = w(1)^beta`` exactly, since ``w = (p_i / p_min)^(-alpha beta)``), so the schedule
-needs no call into a remote buffer. After every update each slice's priority is set to the
-``eta`` mix of the ``|TD errors|`` of its steps in the loss
-(:func:`~recurrl.functional.sequence_priority`; burn-in steps do not count).
+needs no call into a remote buffer. After every update each sequence's priority (an
+episode's on a tape, a slice's) is set to the ``eta`` mix of the ``|TD errors|`` of its
+steps in the loss (:func:`~recurrl.functional.sequence_priority`; burn-in steps do not
+count).
 
 Observations are standardized with the mean/std of the warm-up frames (``obs_norm``); the
 Q-head is a one-hidden-layer MLP. Both matter on CartPole-masked: with a linear head on
@@ -71,7 +74,13 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from recurrl.data import LazyTensorStorage, PrioritizedSliceSampler, SliceSampler, TapeSampler
+from recurrl.data import (
+    LazyTensorStorage,
+    PrioritizedSliceSampler,
+    PrioritizedTapeSampler,
+    SliceSampler,
+    TapeSampler,
+)
 from recurrl.functional import sequence_priority
 from recurrl.objectives import DQNLoss, HardUpdate, SoftUpdate
 from recurrl.trainers import checkpoint as ckpt
@@ -139,8 +148,8 @@ def make_sampler(cfg: Any) -> SliceSampler | TapeSampler:
     steps that may start where ``cfg.slice_start`` says with more than ``burn_in`` steps
     left, drawn uniformly or (``cfg.prioritized``) by priority; with ``cfg.sampler ==
     "tape"`` a :class:`~recurrl.data.TapeSampler` of ``cfg.num_tapes`` tapes of
-    ``cfg.tape_frames`` steps (episodes drawn by ``cfg.tape_weight``, the one that does not
-    fit cut at the budget).
+    ``cfg.tape_frames`` steps (episodes drawn by ``cfg.tape_weight`` or, prioritized, by
+    priority; the one that does not fit cut at the budget).
 
     Examples:
         >>> from recurrl.trainers import DQNConfig
@@ -148,6 +157,11 @@ def make_sampler(cfg: Any) -> SliceSampler | TapeSampler:
         >>> type(sampler).__name__, sampler.tape_shape(1000), sampler.weight
         ('TapeSampler', (2, 500), 'uniform')
     """
+    if cfg.sampler == "tape" and cfg.prioritized:  # beta=1: annealed by the trainer
+        return PrioritizedTapeSampler(
+            max_capacity=cfg.buffer_size, alpha=cfg.priority_alpha, beta=1.0,
+            eta=cfg.priority_eta, frames_per_tape=cfg.tape_frames, num_tapes=cfg.num_tapes,
+        )  # fmt: skip
     if cfg.sampler == "tape":
         return TapeSampler(frames_per_tape=cfg.tape_frames, num_tapes=cfg.num_tapes,
                            weight=cfg.tape_weight)  # fmt: skip
@@ -348,8 +362,9 @@ class DQNTrainer:
         return {k: v / d.updates_per_batch for k, v in sums.items()}
 
     def update_priorities(self, sample: TensorDictBase) -> None:
-        """Set the priority of every slice of ``sample`` (after the loss wrote its per-step
-        ``"td_error"``): R2D2's ``eta`` mix over the slice's steps in the loss only."""
+        """Set the priority of every sequence (slice, or episode of a tape) of ``sample``
+        (after the loss wrote its per-step ``"td_error"``): R2D2's ``eta`` mix over the
+        sequence's steps in the loss only."""
         k = self.loss.tensor_keys
         is_init = sample.get(k.is_init).reshape(sample.batch_size)
         first, priority = sequence_priority(

@@ -27,17 +27,19 @@ class DQNConfig:
     steps, whole stored episodes laid end to end from their exact zero start state
     (sampler=tape, what sampler=auto picks), or on num_slices slices of up to
     burn_in + train_len steps from the stored states (sampler=slice, R2D2's replay, which
-    auto picks when a slice-only option is set: burn_in > 0, burn_in_stop_gradient,
-    prioritized or slice_start). On CartPole-masked, 100k frames give a greedy return >= 450
-    with the LSTM and the GRU; see ``benchmarks/learning/README.md`` for the figures per seed
-    and what was tried.
+    auto picks when a slice-only option is set: burn_in > 0, burn_in_stop_gradient or
+    slice_start). With prioritized, episodes (tape) or slices are drawn by priority. On
+    CartPole-masked, 100k frames give a greedy return >= 450 with the LSTM and the GRU; see
+    ``benchmarks/learning/README.md`` for the figures per seed and what was tried.
 
     Examples:
         >>> DQNConfig().sampler, DQNConfig().burn_in
         ('tape', 0)
-        >>> cfg = DQNConfig(prioritized=True)
+        >>> cfg = DQNConfig(burn_in_stop_gradient=True)
         >>> cfg.sampler, cfg.burn_in
         ('slice', 10)
+        >>> DQNConfig(prioritized=True).sampler  # episodes drawn by priority
+        'tape'
     """
 
     frames: int = 100_000
@@ -105,17 +107,18 @@ class DQNConfig:
     max_grad_norm: float = 10.0
     """Clip the global gradient norm to this value (0 disables)."""
     prioritized: bool = False
-    """Prioritized slice replay (R2D2): slices drawn by priority, losses weighted by
-    importance weights, priorities set from each slice's TD errors after every update (off:
-    uniform slices, the measured recipe)."""
+    """Prioritized replay: the replayed sequences (whole episodes with sampler=tape, slices
+    with sampler=slice as in R2D2) drawn by priority, losses weighted by importance weights,
+    priorities set from each sequence's TD errors after every update (off: uniform draws,
+    the measured recipe)."""
     priority_alpha: float = 0.6
-    """With prioritized: priority exponent, P(slice) ~ priority^alpha (0: uniform; 0.6 as
+    """With prioritized: priority exponent, P(sequence) ~ priority^alpha (0: uniform; 0.6 as
     prioritized replay and Ape-X, R2D2 used 0.9)."""
     priority_beta: float = 0.4
     """With prioritized: importance-weight exponent at the start, annealed linearly to 1
     over `frames` (prioritized replay's 0.4 -> 1)."""
     priority_eta: float = 0.9
-    """With prioritized: a slice's priority is eta * max + (1 - eta) * mean of the |TD
+    """With prioritized: a sequence's priority is eta * max + (1 - eta) * mean of the |TD
     errors| of its steps in the loss (R2D2's 0.9; burn-in steps do not count)."""
     burn_in_stop_gradient: bool = False
     """R2D2's stop-gradient: no gradient flows back into the burn-in steps through the hidden
@@ -128,9 +131,10 @@ class DQNConfig:
     end to end, each from its exact zero initial state, so no burn-in), slice (num_slices
     slices of burn_in + train_len steps from the stored states, burned in; R2D2's replay) or
     auto: slice when a slice-only option is set (burn_in > 0, burn_in_stop_gradient,
-    prioritized, slice_start other than any), tape otherwise (the measured recipe). With tape
-    the slice options (num_slices, train_len, slice_start) are not used and burn-in,
-    burn_in_stop_gradient and prioritized are refused; an episode longer than tape_frames
+    slice_start other than any), tape otherwise (the measured recipe). With tape the slice
+    options (num_slices, train_len, slice_start) are not used and burn-in and
+    burn_in_stop_gradient are refused (prioritized draws whole episodes by priority,
+    PrioritizedTapeSampler, and takes no tape_weight); an episode longer than tape_frames
     is cut (its later steps are never replayed: the run warns once, raise tape_frames or use
     slice)."""
     tape_frames: int = 960
@@ -142,7 +146,7 @@ class DQNConfig:
     """With sampler=tape: tapes per update (one row each, recurrent mode along it)."""
     tape_weight: Literal["uniform", "length"] = "uniform"
     """With sampler=tape: draw stored episodes uniformly (every complete episode alike) or
-    by length (every stored step alike)."""
+    by length (every stored step alike); with prioritized, by priority (uniform only)."""
     slice_start: Literal["any", "trajectory", "stride"] = "any"
     """Where a replayed slice may start in a stored trajectory piece: any step, its first
     step only, or every (burn_in + train_len) // 2 steps (R2D2's half-overlapping
@@ -233,17 +237,21 @@ class DQNConfig:
             )
         if self.sampler != "tape":
             return
+        if self.prioritized and self.tape_weight != "uniform":
+            raise ValueError(
+                f"DQNConfig: prioritized tapes draw episodes by priority, received "
+                f"tape_weight={self.tape_weight!r} as well. Fix: drop --tape-weight, or drop "
+                "--prioritized."
+            )
         # options that only mean something for slices: refused rather than ignored
         given = self._slice_options()
         if given:
             received = ", ".join(f"{flag} {value}" if value is not True else flag
                                  for flag, value in given.items())  # fmt: skip
             raise ValueError(
-                f"DQNConfig: sampler=tape expects no burn-in, uniform or length-weighted "
-                f"episode draws and whole episodes (tapes start every episode from its exact "
-                f"zero state and hold no slices), received {received}. Fix: drop "
-                f"{' and '.join(given)} (--tape-weight length weights episodes by length), "
-                f"or --sampler slice."
+                f"DQNConfig: sampler=tape expects no burn-in and whole episodes (tapes start "
+                f"every episode from its exact zero state and hold no slices), received "
+                f"{received}. Fix: drop {' and '.join(given)}, or --sampler slice."
             )
 
     def _slice_options(self) -> dict[str, Any]:
@@ -251,7 +259,6 @@ class DQNConfig:
         given = {
             "--burn-in": self.burn_in if self.burn_in else None,
             "--burn-in-stop-gradient": True if self.burn_in_stop_gradient else None,
-            "--prioritized": True if self.prioritized else None,
             "--slice-start": self.slice_start if self.slice_start != "any" else None,
         }  # fmt: skip
         return {flag: value for flag, value in given.items() if value is not None}

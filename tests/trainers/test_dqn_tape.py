@@ -3,12 +3,15 @@ updates, no bootstrap across an episode start inside a tape, resume, Ray."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
-from recurrl.data import SliceSampler, TapeSampler
+from recurrl.data import PrioritizedTapeSampler, SliceSampler, TapeSampler
 from recurrl.objectives import DQNLoss
 from recurrl.trainers import DQNConfig, DQNTrainer
+from recurrl.trainers import checkpoint as ckpt
 from recurrl.trainers.cli import main
 from recurrl.trainers.logger import read_metrics
 
@@ -40,7 +43,7 @@ def test_options_reach_the_sampler_and_the_loss_and_tapes_are_the_default(tmp_pa
 
 @pytest.mark.parametrize(
     "argv",
-    [["--prioritized"], ["--burn-in", "4"], ["--burn-in-stop-gradient"],
+    [["--prioritized", "--sampler", "slice"], ["--burn-in", "4"], ["--burn-in-stop-gradient"],
      ["--slice-start", "stride"], ["--sampler", "slice"]],
 )  # fmt: skip
 def test_auto_takes_slices_when_a_slice_option_is_given(argv, tmp_path):
@@ -72,7 +75,6 @@ def test_runs_saved_before_the_auto_sampler_resume_with_slices(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "flag"),
     [
-        (["--prioritized"], "--prioritized"),
         (["--burn-in", "4"], "--burn-in"),
         (["--burn-in-stop-gradient"], "--burn-in-stop-gradient"),
         (["--slice-start", "stride"], "--slice-start"),
@@ -84,6 +86,57 @@ def test_slice_only_options_are_refused_with_the_fix(argv, flag, capsys):
         parse_train(*TAPE, *argv)
     assert main(["train", *TAPE, *argv]) == 2  # a usage error: one line, nothing written
     assert "Fix: drop" in capsys.readouterr().err
+
+
+def test_prioritized_alone_draws_the_tapes_episodes_by_priority(tmp_path, capsys):
+    cfg = parse_train("--algo", "dqn", "--prioritized")
+    assert (cfg.dqn.sampler, cfg.dqn.burn_in) == ("tape", 0)  # not a slice-only option
+    cfg = parse_train(*TAPE, "--prioritized", "--priority-alpha", "0.7", "--priority-eta",
+                      "0.5", "--run-dir", str(tmp_path))  # fmt: skip
+    trainer = DQNTrainer(cfg)
+    sampler = trainer.buffer.sampler
+    assert isinstance(sampler, PrioritizedTapeSampler)
+    assert (sampler.alpha, sampler.beta, sampler.eta) == (0.7, 1.0, 0.5)  # beta: annealed
+    assert sampler.tape_shape(trainer.buffer.batch_size) == (2, 32)
+    with pytest.raises(ValueError, match=r"prioritized tapes draw episodes by priority.*Fix"):
+        parse_train(*TAPE, "--prioritized", "--tape-weight", "length")
+    assert main(["train", *TAPE, "--prioritized", "--tape-weight", "length"]) == 2
+    assert "--tape-weight" in capsys.readouterr().err
+
+
+def test_prioritized_tapes_set_each_episodes_priority_from_its_td_errors(tmp_path):
+    """After an update every episode on the tape gets the eta mix of its own steps' |TD
+    errors| (at the storage position of its first step); weights reach the loss."""
+    cfg = parse_train(*TAPE, "--prioritized", "--priority-eta", "0.5", "--run-dir",
+                      str(tmp_path))  # fmt: skip
+    trainer = DQNTrainer(cfg)
+    trainer.train(stop_after=128)  # data in the buffer, one round of updates
+    sampler = trainer.buffer.sampler
+    held = sampler._priority[: len(trainer.buffer)]
+    assert (held != 1.0).any()  # updated by the trainer
+    sample = trainer.buffer.sample()
+    assert "_weight" in sample and float(sample["_weight"].max()) <= 1.0
+    trainer.loss(sample)
+    trainer.update_priorities(sample)
+    keep = trainer.loss.loss_mask(sample)
+    index, is_init = sample["index"], sample["is_init"].reshape(-1)
+    starts = [*torch.nonzero(is_init).squeeze(-1).tolist(), len(index)]
+    expect: dict[int, list[torch.Tensor]] = {}  # an episode drawn twice: mean of both
+    for a, b in itertools.pairwise(starts):
+        err = sample["td_error"].reshape(-1)[a:b][keep.reshape(-1)[a:b]].abs().double()
+        if len(err):
+            expect.setdefault(int(index[a]), []).append(0.5 * err.max() + 0.5 * err.mean())
+    for start, values in expect.items():
+        got = sampler._priority[start].double()
+        want = torch.stack(values).mean() + sampler.eps
+        torch.testing.assert_close(got, want.to(got.dtype), rtol=1e-5, atol=0)
+    checked = len(expect)
+    assert checked >= 1
+
+
+def test_resume_replays_the_uninterrupted_prioritized_tape_run(tmp_path, capsys):
+    argv = [*TAPE, "--prioritized", "--checkpoint-every", "128"]
+    check_resume_replays(capsys, tmp_path, argv, DQNTrainer, stop_after=128)
 
 
 def test_bad_tape_values_are_refused():
@@ -173,10 +226,15 @@ def test_resume_replays_the_uninterrupted_tape_run(tmp_path, capsys):
     assert "sampler" in capsys.readouterr().err
 
 
-def test_ray_workers_write_what_the_tapes_replay(ray_session, tmp_path, capsys):
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_ray_workers_write_what_the_tapes_replay(ray_session, tmp_path, capsys, prioritized):
     run_dir = tmp_path / "run"
     ray = ["--collector", "ray", "--workers", "2"]
-    run_cli(capsys, "train", *TAPE, *ray, "--run-dir", str(run_dir))
+    prio = ["--prioritized"] if prioritized else []
+    run_cli(capsys, "train", *TAPE, *ray, *prio, "--run-dir", str(run_dir))
     rows = read_metrics(run_dir)
     assert [int(r["frames"]) for r in rows] == [64, 128, 192, 256]
     assert all(float(r["loss"]) == float(r["loss"]) for r in rows[1:])  # updates ran
+    if prioritized:  # the priorities were set in the buffer's actor, and saved with it
+        held = ckpt.load(run_dir)["extra"]["buffer"]["sampler"]["priority"][:256]
+        assert (held != 1.0).any() and torch.isfinite(held).all()

@@ -22,7 +22,41 @@ WEIGHT_KEY = "_weight"
 REDUCTIONS = ("max", "min", "median", "mean")
 
 
-class PrioritizedSliceSampler(SliceSampler):
+class PriorityTable:
+    """What the prioritized samplers share: a priority per storage position (``_priority``,
+    ``[max_capacity]``), the largest one set so far, the capacity check at every write and
+    their place in the sampler's state."""
+
+    max_capacity: int
+    dtype: torch.dtype
+    _priority: Tensor
+    _max_priority: float
+
+    def _check_capacity(self, storage: Storage) -> None:
+        if storage.max_size > self.max_capacity:
+            name = type(self).__name__
+            raise ValueError(
+                f"{name}: expected max_capacity >= the storage's max_size, received "
+                f"max_capacity={self.max_capacity}, max_size={storage.max_size}; fix: "
+                f"{name}(max_capacity={storage.max_size}, ...)."
+            )
+
+    def _priority_state(self) -> dict:
+        return {"priority": self._priority.clone(), "max_priority": self._max_priority}
+
+    def _load_priority_state(self, state: dict) -> None:
+        priority = state["priority"]
+        if priority.numel() != self.max_capacity:
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict: expected {self.max_capacity} "
+                f"priorities (max_capacity), received {priority.numel()}; fix: build the "
+                f"sampler with max_capacity={priority.numel()}."
+            )
+        self._priority = priority.clone().to(self.dtype)
+        self._max_priority = float(state["max_priority"])
+
+
+class PrioritizedSliceSampler(PriorityTable, SliceSampler):
     """A :class:`SliceSampler` that draws slice starts by priority, with importance weights.
 
     Prioritized experience replay (Schaul et al. 2015, arXiv:1511.05952) over trajectory
@@ -147,12 +181,7 @@ class PrioritizedSliceSampler(SliceSampler):
     # -- writes ----------------------------------------------------------------------------
     def extend(self, storage: Storage, index: Tensor, data: TensorDictBase,
                row_start: Tensor) -> None:  # fmt: skip
-        if storage.max_size > self.max_capacity:
-            raise ValueError(
-                f"PrioritizedSliceSampler: expected max_capacity >= the storage's max_size, "
-                f"received max_capacity={self.max_capacity}, max_size={storage.max_size}; fix: "
-                f"PrioritizedSliceSampler(max_capacity={storage.max_size}, ...)."
-            )
+        self._check_capacity(storage)
         super().extend(storage, index, data, row_start)
         index = index.to("cpu", torch.int64)
         self._priority[index] = self._new_priority(index, len(storage))
@@ -239,25 +268,8 @@ class PrioritizedSliceSampler(SliceSampler):
         index = torch.as_tensor(index).detach().to("cpu", torch.int64)
         priority = torch.as_tensor(priority).detach().to("cpu", torch.float64)
         starts, value = self._slice_values(index, priority)
-        if not torch.isfinite(value).all():
-            raise ValueError(
-                f"PrioritizedSliceSampler.update_priority: expected finite priorities, "
-                f"received {value[~torch.isfinite(value)][:4].tolist()}; fix: check the TD "
-                "errors (a diverging loss) before updating."
-            )
-        if starts.numel() and (starts.min() < 0 or starts.max() >= self.max_capacity):
-            raise IndexError(
-                f"PrioritizedSliceSampler.update_priority: expected storage positions in "
-                f"[0, {self.max_capacity}), received [{int(starts.min())}, "
-                f"{int(starts.max())}]; fix: pass the index returned by sample()."
-            )
-        value = value.abs() + self.eps
-        # A start drawn several times in the batch gets the mean of its values
-        # (deterministic, unlike an index_put with repeated indices).
-        unique, inverse = torch.unique(starts, return_inverse=True)
-        mean = torch.zeros(len(unique), dtype=value.dtype)
-        mean.scatter_reduce_(0, inverse, value, "mean", include_self=False)
-        self._priority[unique] = mean.to(self.dtype)
+        unique, mean = store_priorities(self._priority, starts, value, self.eps,
+                                        "PrioritizedSliceSampler")  # fmt: skip
         if self._starts is not None:  # the trees are current: update their leaves
             count = self._starts[2][unique]
             p_alpha = self._mass(self._priority[unique])
@@ -327,21 +339,11 @@ class PrioritizedSliceSampler(SliceSampler):
 
     # -- persistence -------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        state = super().state_dict()
-        state.update(priority=self._priority.clone(), max_priority=self._max_priority)
-        return state
+        return {**super().state_dict(), **self._priority_state()}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        priority = state["priority"]
-        if priority.numel() != self.max_capacity:
-            raise ValueError(
-                f"PrioritizedSliceSampler.load_state_dict: expected {self.max_capacity} "
-                f"priorities (max_capacity), received {priority.numel()}; fix: build the "
-                f"sampler with max_capacity={priority.numel()}."
-            )
-        self._priority = priority.clone().to(self.dtype)
-        self._max_priority = float(state["max_priority"])
+        self._load_priority_state(state)
         self._starts, self._last = None, None
 
 
@@ -384,8 +386,35 @@ def _mix_by_slice(values: Tensor, slice_of: Tensor, real: Tensor, num: int,
     return eta * high + (1 - eta) * total / count
 
 
-def _check_priority_args(max_capacity, alpha, beta, eps, dtype, reduction, eta) -> None:
-    owner = "PrioritizedSliceSampler"
+def store_priorities(
+    table: Tensor, starts: Tensor, value: Tensor, eps: float, owner: str
+) -> tuple[Tensor, Tensor]:
+    """Write ``|value| + eps`` at the positions ``starts`` of ``table`` (checked finite and
+    in range); a position named several times gets the mean of its values (deterministic,
+    unlike an index_put with repeated indices). Returns ``(unique positions, their value)``."""
+    if not torch.isfinite(value).all():
+        raise ValueError(
+            f"{owner}.update_priority: expected finite priorities, received "
+            f"{value[~torch.isfinite(value)][:4].tolist()}; fix: check the TD errors (a "
+            "diverging loss) before updating."
+        )
+    if starts.numel() and (starts.min() < 0 or starts.max() >= len(table)):
+        raise IndexError(
+            f"{owner}.update_priority: expected storage positions in [0, {len(table)}), "
+            f"received [{int(starts.min())}, {int(starts.max())}]; fix: pass positions from "
+            "the index returned by sample()."
+        )
+    value = value.abs() + eps
+    unique, inverse = torch.unique(starts, return_inverse=True)
+    mean = torch.zeros(len(unique), dtype=value.dtype)
+    mean.scatter_reduce_(0, inverse, value, "mean", include_self=False)
+    table[unique] = mean.to(table.dtype)
+    return unique, mean
+
+
+def _check_priority_args(
+    max_capacity, alpha, beta, eps, dtype, reduction, eta, owner: str = "PrioritizedSliceSampler"
+) -> None:
     if isinstance(max_capacity, bool) or not isinstance(max_capacity, int) or max_capacity <= 0:
         raise ValueError(
             f"{owner}: expected max_capacity to be a positive int, received {max_capacity!r}; "
