@@ -120,13 +120,19 @@ RECIPE: tuple[str, ...] = (
 #: (its README points to a paperswithcode leaderboard, which could not be read either). So
 #: every paper cell is "n/a"; never fill one in without its exact source (section / table /
 #: figure) in this comment.
-PAPER: dict[str, dict[str, float | None]] = {name: {"gru": None, "lstm": None} for name in TASKS}
+PAPER: dict[str, dict[str, float | None]] = {
+    name: {"gru": None, "lstm": None}
+    for name, task in TASKS.items()
+    if task.env.startswith("popgym-")  # the paper's tasks only
+}
 #: The paper's training budget per trial, in frames: None (not readable, see :data:`PAPER`).
 #: popgym's own script for "the PPO experiments listed in the paper",
 #: popgym/baselines/ppo.py, stops at ``POPGYM_STEPS`` timesteps: 15e6 by default in popgym
-#: 1.0.7 (the installed package), 10e6 in proroklab/popgym at commit 0ad6b28; which one the
-#: paper used is not established, so the table says n/a.
-PAPER_FRAMES: int | None = None
+#: 1.0.7 (the installed package), 10e6 in proroklab/popgym at commit 0ad6b28. 15e6 per trial
+#: is what secondary sources agree on: the paperswithcode POPGym dataset page, the plotting
+#: script of proroklab/ffm (the first author's follow-up) that loads the public POPGym runs
+#: at 15e6 steps, and a review thread citing the paper's "15M sample limit".
+PAPER_FRAMES: int | None = 15_000_000
 
 
 def paper_scale(task: str, ret: float) -> float:
@@ -219,6 +225,9 @@ def markdown_table(rows: list[dict[str, Any]], memories: list[str]) -> str:
         | task | frames | GRU IQM [95% CI] | paper GRU | paper LSTM | paper frame budget |
         |---|---|---|---|---|---|
         | T | 100k | 0.50 | n/a | n/a | n/a |
+        >>> print(markdown_table([{"name": "AutoencodeEasy", "frames": 50_000,
+        ...     "cells": {"gru": "-0.49"}, "paper": PAPER["AutoencodeEasy"]}], ["gru"])[-25:])
+        -0.49 | n/a | n/a | 15M |
     """
     head = ["task", "frames", *(f"{MEMORIES[m]} IQM [95% CI]" for m in memories),
             "paper GRU", "paper LSTM", "paper frame budget"]  # fmt: skip
@@ -226,7 +235,7 @@ def markdown_table(rows: list[dict[str, Any]], memories: list[str]) -> str:
     for r in rows:
         cells = [r["name"], f"{r['frames'] / 1000:g}k", *(r["cells"][m] for m in memories),
                  paper_text(r["paper"]["gru"]), paper_text(r["paper"]["lstm"]),
-                 paper_text(PAPER_FRAMES)]  # fmt: skip
+                 paper_text(PAPER_FRAMES if r["name"] in PAPER else None)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -398,8 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     rows, status = [], 0
     for task in args.tasks:
         frames = args.frames or TASKS[task].frames
+        paper = PAPER.get(task, {"gru": None, "lstm": None})
         row: dict[str, Any] = {"name": task, "frames": frames, "cells": {}, "stats": {},
-                               "paper": PAPER[task], "returns": {}}  # fmt: skip
+                               "paper": paper, "returns": {}}  # fmt: skip
         for memory in args.memory:
             rc = None
             summary = load_summary(args.out, task, memory, frames)
