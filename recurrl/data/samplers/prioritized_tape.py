@@ -50,9 +50,10 @@ class PrioritizedTapeSampler(PriorityTable, TapeSampler):
         eps: added to ``|value|`` so that no episode has priority 0 (default ``1e-8``).
         eta: the max's weight when :meth:`update_priority` mixes per-step values.
         dtype: dtype of the priority table.
-        frames_per_tape, num_tapes, traj_key, end_key, init_key, step_key, truncated_key,
-            overflow, generator: as :class:`TapeSampler` (draws are by priority, so it has
-            no ``weight``).
+
+    The other arguments (``frames_per_tape``, ``num_tapes``, ``traj_key``, ``end_key``,
+    ``init_key``, ``step_key``, ``truncated_key``, ``overflow``, ``generator``) are
+    :class:`TapeSampler`'s; draws are by priority, so there is no ``weight``.
 
     Examples:
         >>> import torch
