@@ -48,7 +48,9 @@ class PrioritizedTapeSampler(PriorityTable, TapeSampler):
         alpha: priority exponent (``0``: uniform draws).
         beta: importance-sampling exponent (``0``: all weights 1).
         eps: added to ``|value|`` so that no episode has priority 0 (default ``1e-8``).
-        eta: the max's weight when :meth:`update_priority` mixes per-step values.
+        eta: the max's weight in R2D2's mix, for the caller that reduces an episode's
+            per-step TD errors (``sequence_priority(..., eta=sampler.eta)``);
+            :meth:`update_priority` itself takes one value per episode.
         dtype: dtype of the priority table.
 
     The other arguments (``frames_per_tape``, ``num_tapes``, ``traj_key``, ``end_key``,
@@ -104,7 +106,8 @@ class PrioritizedTapeSampler(PriorityTable, TapeSampler):
             overflow=overflow, weight="uniform", generator=generator,
         )  # fmt: skip
         self.max_capacity = int(max_capacity)
-        self.alpha, self.beta, self.eps, self.eta = float(alpha), float(beta), float(eps), eta
+        self.alpha, self.beta, self.eps = float(alpha), float(beta), float(eps)
+        self.eta = float(eta)
         self.dtype = dtype
         self._priority = torch.zeros(self.max_capacity, dtype=dtype)  # at episode starts
         self._max_priority = 1.0
@@ -133,9 +136,9 @@ class PrioritizedTapeSampler(PriorityTable, TapeSampler):
         # Every real step carries its episode's weight: episodes start at the marks.
         start = info[self.init_key].reshape(len(index), -1).any(-1).cpu()
         real = info[MASK_KEY].cpu()
-        mass = self._priority[index].double().pow(self.alpha)
+        start_mass = self._priority[index[start]].double().pow(self.alpha)
         episode = torch.cumsum(start.long(), 0) - 1
-        first_mass = mass[start][episode]  # the mass stored at each step's episode start
+        first_mass = start_mass[episode]  # the mass stored at each step's episode start
         weight = (first_mass / self._min_mass).pow(-self.beta) * real
         info[WEIGHT_KEY] = weight.to(self.dtype).to(storage.device)
         return index, info
