@@ -30,15 +30,15 @@ step() {  # step NAME SECONDS COMMAND...: run it, its output to $OUT/NAME.txt an
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 workers=$("$PY" -c "import xdist" 2>/dev/null && echo "-n 8")
 # shellcheck disable=SC2086  # $workers is empty or two words
-step tests 100 "$PY" -m pytest tests/functional/recurrent/test_triton_gpu.py -q \
+step tests 150 "$PY" -m pytest tests/functional/recurrent/test_triton_gpu.py -q \
   -p no:cacheprovider $workers -rP
-step triton 60 "$PY" benchmarks/triton_gpu.py --rounds 5
+step triton 90 "$PY" benchmarks/triton_gpu.py --rounds 5
 step resets 75 "$PY" benchmarks/triton_gpu.py --resets --rounds 3
 step train 50 "$PY" benchmarks/train_device.py --batches 4 --threads 1
 step collect 25 "$PY" benchmarks/collect.py --device cuda --envs 1 8 --quick
 step scaling 35 "$PY" benchmarks/recurrent_scaling.py --device cuda --quick \
   --steps 64 256 1024 4096
-step tune 50 "$PY" benchmarks/triton_gpu.py --tune --rounds 3
+step tune 150 "$PY" benchmarks/triton_gpu.py --tune --rounds 3
 ref() { env PYTHONPATH="$REF_PYTHONPATH" "$PY" benchmarks/triton_gpu_reference.py "$@"; }
 ref_warm() {  # compile each configuration of the reference's kernels in its own process
   local variant=$1 cell shape k

@@ -19,8 +19,9 @@ After the table, the memory that ``recompute="full"`` saves (``triton/full`` aga
 ``triton/tf32x3``, the same precision) and each backend's ratio to cuDNN.
 
 ``--tune`` times forward+backward (TF32) of the same shapes under launch configurations
-(:class:`~recurrl.functional.recurrent.triton.TritonLaunch`: rows per program, hidden units
-per tile, reduction tile, warps, pipelining stages) and prints the fastest per shape.
+(:class:`~recurrl.functional.recurrent.triton.TritonLaunch`: column groups sharing a block of
+rows, rows per program, hidden units per tile, reduction tile, warps, pipelining stages) and
+prints the fastest per shape.
 ``benchmarks/triton_gpu_reference.py`` times the reference library's triton kernels on the
 same shapes (in its own process: it needs that library and its tensordict).
 
@@ -53,17 +54,21 @@ TRITON_VARIANTS = {
     "triton/bf16": {"compute_dtype": torch.bfloat16},
     "triton/full": {"matmul_precision": "tf32x3", "recompute": "full"},
 }
-# launch configurations tried by --tune (the first is the default)
+# launch configurations tried by --tune (the first is the default): how many programs share
+# a block of rows (column groups; more than the multiprocessors allow fail and are listed)
 TUNE = [
-    TritonLaunch(),
-    TritonLaunch(block_cols=64, num_warps=4),  # the first default, before tuning
-    TritonLaunch(block_cols=256, num_warps=8),
-    TritonLaunch(block_cols=128, num_warps=16),
-    TritonLaunch(block_cols=256, num_warps=16),
-    TritonLaunch(num_stages=4),
-    TritonLaunch(num_stages=2),
-    TritonLaunch(block_k=64, num_stages=2),
-    TritonLaunch(block_k=16, num_stages=4),
+    TritonLaunch(),  # automatic column groups (4 warps, k 64 when split)
+    TritonLaunch(col_groups=1),  # one program per block of rows, the layout before groups
+    TritonLaunch(col_groups=4),
+    TritonLaunch(col_groups=8),
+    TritonLaunch(col_groups=16),
+    TritonLaunch(col_groups=32),
+    TritonLaunch(col_groups=8, num_warps=2),
+    TritonLaunch(col_groups=8, num_stages=4),
+    TritonLaunch(col_groups=8, block_k=128, num_stages=2),
+    TritonLaunch(col_groups=16, num_warps=2),
+    TritonLaunch(col_groups=16, block_k=128, num_stages=2),
+    TritonLaunch(col_groups=8, block_rows=32),
 ]
 
 
@@ -216,7 +221,9 @@ def resets(rounds: int) -> list[str]:
 def _launch_name(launch: TritonLaunch) -> str:
     k = launch.block_k or "dt"
     cols = launch.block_cols or "dt"
-    return f"rows{launch.block_rows} cols{cols} k{k} w{launch.num_warps} s{launch.num_stages}"
+    groups = launch.col_groups or "auto"
+    warps = launch.num_warps or "dt"
+    return f"g{groups} rows{launch.block_rows} cols{cols} k{k} w{warps} s{launch.num_stages}"
 
 
 def tune(rounds: int) -> list[str]:
@@ -245,7 +252,7 @@ def tune(rounds: int) -> list[str]:
             rows.append(f"{mode} B={batch} T={steps} H={hidden}:")
             for name, t in sorted(times.items(), key=lambda kv: kv[1]):
                 mark = " <- best" if name == best else ""
-                rows.append(f"    {name:28} {t * 1e3:8.2f} ms  {t / default:5.2f}x default{mark}")
+                rows.append(f"    {name:34} {t * 1e3:8.2f} ms  {t / default:5.2f}x default{mark}")
             rows.extend(f"    {line} (failed)" for line in failed)
     return rows
 

@@ -319,10 +319,10 @@ def resolve_backend(
     return "scan"
 
 
-#: The fewest rows (``N``) for which ``auto`` picks ``triton`` on CUDA: one program runs 16
-#: rows, and with fewer than 4 programs the kernel no longer beats ``pad`` (measured on an
-#: H200, ``benchmarks/README.md``).
-AUTO_TRITON_MIN_ROWS = 64
+#: The fewest rows (``N``) for which ``auto`` picks ``triton`` on CUDA: the smallest batch
+#: measured (one block of 16 rows, its hidden units split over column groups), where the
+#: kernel beat ``pad`` 3-7x at every restart rate on an H200 (``benchmarks/README.md``).
+AUTO_TRITON_MIN_ROWS = 16
 
 
 def auto_picks_triton(mode: str, x: Tensor, is_init: Tensor, *, proj_size: int = 0) -> bool:

@@ -20,6 +20,7 @@ float32 with numpy.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -62,11 +63,21 @@ class TritonLaunch:
             columns do not fit the LSTM's four gate tiles in shared memory. A launch that
             needs more shared memory than the device has is retried once with 64 columns
             and 4 warps (the configuration that fits consumer GPUs).
-        block_k: reduction tile of the streamed recurrent weight (``BK``); ``None``: 32 for
-            float32 operands, 64 for bfloat16 (the float32 LSTM at 64 needs 136 KiB of shared
-            memory with 3-stage pipelining, more than consumer GPUs have).
-        num_warps: warps per program.
+        block_k: reduction tile of the streamed recurrent weight (``BK``); ``None``: 64 with
+            several column groups, otherwise 32 for float32 operands and 64 for bfloat16 (the
+            float32 LSTM at 64 and 128 columns needs 136 KiB of shared memory with 3-stage
+            pipelining, more than consumer GPUs have).
+        num_warps: warps per program; ``None``: 8 with one column group, 4 with several
+            (their tiles are narrower).
         num_stages: software-pipelining stages of the weight loads.
+        col_groups: programs sharing a block of rows, each owning ``H / col_groups`` of the
+            hidden units (``NCG``, a power of two; capped so that each keeps 16). They meet at
+            a grid-wide barrier every step, so all must be resident at once: a launch that
+            would need more programs than the GPU has multiprocessors is refused. ``None``:
+            on a GPU, as many as the multiprocessors allow, one program each, while each
+            keeps at least 32 hidden units; small batches then spread a step over many
+            multiprocessors instead of streaming the whole recurrent weight through one.
+            Triton's CPU interpreter runs one group (or, when set, one launch per step).
 
     Examples:
         >>> TritonLaunch(block_rows=32).block_rows
@@ -80,17 +91,25 @@ class TritonLaunch:
     block_rows: int = 16
     block_cols: int | None = None
     block_k: int | None = None
-    num_warps: int = 8
+    num_warps: int | None = None
     num_stages: int = 3
+    col_groups: int | None = None
 
     def __post_init__(self) -> None:
+        groups = self.col_groups
+        if groups is not None and (
+            not isinstance(groups, int) or groups < 1 or groups & (groups - 1)
+        ):
+            raise ValueError(
+                f"TritonLaunch.col_groups must be None or a power of two >= 1, got {groups!r}."
+            )
         for name in ("block_rows", "block_cols", "block_k"):
             v = getattr(self, name)
             if v is None and name != "block_rows":
                 continue
             if not isinstance(v, int) or v < 16 or v & (v - 1):
                 raise ValueError(f"TritonLaunch.{name} must be a power of two >= 16, got {v!r}.")
-        if self.num_warps not in (1, 2, 4, 8, 16):
+        if self.num_warps not in (None, 1, 2, 4, 8, 16):
             raise ValueError(
                 f"TritonLaunch.num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps!r}."
             )
@@ -106,6 +125,8 @@ _BLOCK_K = {torch.float32: 32, torch.bfloat16: 64}
 _BLOCK_COLS = {True: 128, False: 256}  # by opts.lstm
 #: what a launch that ran out of shared memory is retried with
 _SMALL_LAUNCH = {"BJ": 64, "num_warps": 4}
+#: the fewest hidden units a column group of the automatic split keeps
+_GROUP_MIN_COLS = 32
 
 
 @contextlib.contextmanager
@@ -187,17 +208,53 @@ class _Options:
     recompute: bool
 
 
-def _launch_shape(n: int, hidden: int, opts: _Options) -> tuple[tuple[int], dict]:
-    """Grid, block sizes and scheduling: ``HP`` is ``hidden`` padded to a power of two >= 16."""
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _col_groups(row_blocks: int, hp: int, device: torch.device) -> int:
+    """How many programs share each block of rows (see :class:`TritonLaunch` ``col_groups``)."""
+    cap = hp // 16
+    wanted = _launch.col_groups
+    if _interpreting():
+        return 1 if wanted is None else min(wanted, cap)
+    sms = _multiprocessors(device.index if device.index is not None else 0)
+    if wanted is not None:
+        groups = min(wanted, cap)
+        if groups > 1 and row_blocks * groups > sms:
+            raise ValueError(
+                f"TritonLaunch(col_groups={wanted}) needs {row_blocks * groups} programs "
+                f"resident at once ({row_blocks} blocks of {_launch.block_rows} rows x {groups} "
+                f"column groups), but {torch.cuda.get_device_name(device)} has {sms} "
+                "multiprocessors: their grid barrier would never open. Lower col_groups, raise "
+                "block_rows, or leave col_groups=None."
+            )
+        return groups
+    groups = 1
+    while groups * 2 <= hp // _GROUP_MIN_COLS and row_blocks * groups * 2 <= sms:
+        groups *= 2
+    return groups
+
+
+def _launch_shape(
+    n: int, hidden: int, opts: _Options, device: torch.device
+) -> tuple[tuple[int, int], dict]:
+    """Grid, block sizes and scheduling: ``HP`` is ``hidden`` padded to a power of two >= 16;
+    ``NCG`` column groups of ``CW`` hidden units share each block of rows."""
     launch = _launch
     hp = max(16, 1 << (hidden - 1).bit_length())
-    block_k = launch.block_k or _BLOCK_K[opts.compute_dtype]
+    row_blocks = -(-n // launch.block_rows)
+    groups = _col_groups(row_blocks, hp, device)
+    cw = hp // groups
+    block_k = launch.block_k or (64 if groups > 1 else _BLOCK_K[opts.compute_dtype])
     block_cols = launch.block_cols or _BLOCK_COLS[opts.lstm]
-    blocks = {"BN": launch.block_rows, "HP": hp, "BJ": min(hp, block_cols)}
-    blocks["BK"] = min(hp, block_k)
+    blocks = {"BN": launch.block_rows, "HP": hp, "BJ": min(cw, block_cols), "CW": cw}
+    blocks.update(BK=min(hp, block_k), NCG=groups, SYNC=groups > 1 and not _interpreting())
     if not _interpreting():
-        blocks.update(num_warps=launch.num_warps, num_stages=launch.num_stages)
-    return (-(-n // launch.block_rows),), blocks
+        warps = launch.num_warps or (8 if groups == 1 else 4)
+        blocks.update(num_warps=warps, num_stages=launch.num_stages)
+    return (row_blocks, groups), blocks
 
 
 def _out_of_shared_memory(err: Exception) -> bool:
@@ -218,6 +275,26 @@ def _launch_kernel(kernel, grid, *args, **shape) -> None:
         kernel[grid](*args, **small)
 
 
+def _launch_steps(
+    kernel, grid, ptrs: tuple, steps: int, n: int, hid: int, phases: tuple[dict, ...], **shape
+) -> None:
+    """Launch a kernel over all ``steps``: once, or (column groups in the interpreter, which
+    runs programs one after another and so cannot hold them at a barrier) once per step and
+    per phase of a step (``phases``: what each launch adds to ``shape``; ``phases[0]`` is the
+    whole step)."""
+    if shape["SYNC"]:
+        flags = torch.zeros(grid, dtype=torch.int32, device=ptrs[0].device)
+    else:
+        flags = ptrs[0]  # not read
+    dims = (steps, n, hid)
+    if shape["NCG"] > 1 and not shape["SYNC"]:
+        for t in range(steps):
+            for phase in phases[1:] or phases:
+                _launch_kernel(kernel, grid, *ptrs, flags, *dims, t, t + 1, **phase, **shape)
+    else:
+        _launch_kernel(kernel, grid, *ptrs, flags, *dims, 0, steps, **phases[0], **shape)
+
+
 def _upcast(opts: _Options) -> bool:
     return opts.compute_dtype != torch.float32 and _interpreting()
 
@@ -228,7 +305,7 @@ def _run_forward(xp, sh, sc, reset, w_hh, b_hn, opts: _Options, store_act: bool)
 
     steps, n, gh = xp.shape
     hid = sh.shape[-1]
-    grid, shape = _launch_shape(n, hid, opts)
+    grid, shape = _launch_shape(n, hid, opts, xp.device)
     hs, h_in = torch.empty_like(sh), torch.empty_like(sh)
     h_in[0] = sh[0]
     if opts.lstm:
@@ -239,10 +316,10 @@ def _run_forward(xp, sh, sc, reset, w_hh, b_hn, opts: _Options, store_act: bool)
     act = xp.new_empty(steps, n, 4 * hid) if store_act else hs
     wt = w_hh.t().contiguous().to(opts.compute_dtype)
     forward, _ = kernels()
-    _launch_kernel(
+    _launch_steps(
         forward, grid,
-        xp, sh, sc, reset, wt, b_hn if b_hn is not None else hs, h_in, c_in, hs, cs, act,
-        steps, n, hid, G=gh // hid, IS_LSTM=opts.lstm, HAS_BHN=b_hn is not None,
+        (xp, sh, sc, reset, wt, b_hn if b_hn is not None else hs, h_in, c_in, hs, cs, act),
+        steps, n, hid, phases=({},), G=gh // hid, IS_LSTM=opts.lstm, HAS_BHN=b_hn is not None,
         STORE_ACT=store_act, PRECISION=opts.precision, UPCAST=_upcast(opts), **shape,
     )  # fmt: skip
     return hs, cs, h_in, c_in, act
@@ -267,12 +344,14 @@ def _backward_kernel(opts: _Options, d_hs, d_cs, reset, w_hh, act, h_in, c_in, c
         d_cs = d_c_in = d_hs
     d_g = act.new_empty(steps, n, 4 * hid)
     d_h_in = torch.empty_like(h_in)
-    grid, shape = _launch_shape(n, hid, opts)
+    grid, shape = _launch_shape(n, hid, opts, h_in.device)
     _, backward = kernels()
-    _launch_kernel(
+    _launch_steps(
         backward, grid,
-        d_hs, d_cs, reset, w_hh.contiguous().to(opts.compute_dtype), act, h_in, c_in, cs,
-        d_g, d_h_in, d_c_in, steps, n, hid, G=gates, IS_LSTM=opts.lstm,
+        (d_hs, d_cs, reset, w_hh.contiguous().to(opts.compute_dtype), act, h_in, c_in, cs,
+         d_g, d_h_in, d_c_in),
+        steps, n, hid, phases=({"PHASE": 0}, {"PHASE": 1}, {"PHASE": 2}), G=gates,
+        IS_LSTM=opts.lstm,
         PRECISION=opts.precision, UPCAST=_upcast(opts), **shape,
     )  # fmt: skip
     # the recurrent weight's gradient in bulk: one matmul over every step

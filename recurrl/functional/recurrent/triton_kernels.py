@@ -6,10 +6,22 @@ interpreter mode, because ``triton.jit`` decides at decoration time whether a ke
 compiled for the GPU or run by Triton's CPU interpreter (``TRITON_INTERPRET=1``).
 
 Layout: every buffer is time-major and contiguous, ``[T, N, H]`` for states and
-``[T, N, G*H]`` (or ``[T, N, 4H]``) for gates. One program owns ``BN`` batch rows and every
-hidden unit, so a step needs no synchronisation with other programs: the program writes the
-state entering step ``t + 1`` (reset already applied) to global memory, and a block-level
-barrier makes it visible to all its threads before the next step's matmul reads it back.
+``[T, N, G*H]`` (or ``[T, N, 4H]``) for gates. The grid is ``(ceil(N / BN), NCG)``: a program
+owns ``BN`` batch rows and ``CW = HP / NCG`` hidden units (all ``G`` gates of them). It writes
+its columns of the state entering step ``t + 1`` (reset already applied) to global memory,
+and a block-level barrier makes them visible to all its threads before the next step's matmul
+reads the whole state back. With one column group (``NCG = 1``, few hidden units or many
+rows) that is all the synchronisation a step needs. With several (``SYNC``: small batches,
+where one program per row block would leave most of the GPU idle), the programs of a row
+block also meet at a grid barrier every step: each publishes the step it finished in its
+flag (an atomic exchange with release semantics) and spins on its peers' flags (atomic reads
+with acquire semantics, which make the peers' writes visible to the program's following
+loads, past its multiprocessor's L1); every program of the grid must then be resident at
+once, which the caller guarantees by launching at most one program per multiprocessor.
+Backward meets once per step too, between its elementwise pass and its matmul. Triton's
+interpreter runs programs one after the other, so there the caller launches one step (and
+one backward pass, ``PHASE``) at a time instead (``T0``, ``T1``): the end of a launch is the
+barrier.
 The recurrent weight (``G*H x H``) cannot stay on chip for the hidden sizes we target (1 MiB
 at ``H = 256`` in float32), so it is streamed from L2 in ``BK x BJ`` tiles every step; the
 state tiles read back are the ones this program just wrote, so they are L1/L2 hits.
@@ -43,6 +55,26 @@ __all__ = ["interpreting", "kernels"]
 # interpreted according to TRITON_INTERPRET when ``triton`` was *imported*, so they fail in
 # the interpreter when it was switched on later (as the tests do), and helpers of ours would
 # have to be jitted lazily like the kernels.
+def _grid_barrier_body(flags, me, epoch, NCG: tl.constexpr):
+    """The grid barrier of the ``NCG`` programs sharing a block of rows: publish ``epoch`` in
+    this program's flag (``flags[me]``) with release semantics, spin until every peer's flag
+    reaches it (acquire), then hold the program's threads until all have seen it. Called by
+    the kernels only when compiled for a GPU (``SYNC``); jitted with them (see ``_jitted``)."""
+    tl.atomic_xchg(flags + me, epoch, sem="release", scope="gpu")
+    peers = flags + tl.arange(0, NCG)
+    none = tl.full((NCG,), 0, tl.int32)
+    seen = tl.min(tl.atomic_add(peers, none, sem="acquire", scope="gpu"), axis=0)
+    while seen < epoch:
+        seen = tl.min(tl.atomic_add(peers, none, sem="acquire", scope="gpu"), axis=0)
+    tl.debug_barrier()
+
+
+#: ``triton.jit(_grid_barrier_body)``, set when the kernels are first jitted for the GPU (the
+#: kernels find their helpers among this module's globals when they are compiled; the
+#: interpreter never calls it)
+_grid_barrier = None
+
+
 def _forward(
     xp_ptr,  # [T, N, G*H] input projections (biases folded in; GRU: b_hn excluded)
     sh_ptr,  # [T, N, H] stored h
@@ -55,9 +87,12 @@ def _forward(
     hs_ptr,  # [T, N, H] h after each step
     cs_ptr,  # [T, N, H] c after each step (LSTM only)
     act_ptr,  # [T, N, 4H] gate activations (when STORE_ACT)
+    flag_ptr,  # [ceil(N / BN), NCG] int32, zeros: the grid barrier's flags (when SYNC)
     T,
     N,
     H,
+    T0,  # the steps this launch runs: T0 <= t < T1
+    T1,
     G: tl.constexpr,
     IS_LSTM: tl.constexpr,
     HAS_BHN: tl.constexpr,
@@ -66,22 +101,27 @@ def _forward(
     HP: tl.constexpr,
     BJ: tl.constexpr,
     BK: tl.constexpr,
+    CW: tl.constexpr,
+    NCG: tl.constexpr,
+    SYNC: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    rows = pid_r * BN + tl.arange(0, BN)
     rmask = rows < N
     rj = tl.arange(0, BJ)
     rk = tl.arange(0, BK)
     GH = G * H
-    for t in range(T):
+    for t in range(T0, T1):
         s_base = t * N * H
         x_base = t * N * GH
         a_base = t * N * 4 * H
         # as a row vector: the interpreter rejects a python bool in a mask
         next_rows = rmask & (rows * 0 + t + 1 < T)
-        for j0 in range(0, HP, BJ):
-            cols = j0 + rj
+        for jj in range(0, CW, BJ):
+            cols = pid_c * CW + jj + rj
             cmask = cols < H
             m2 = rmask[:, None] & cmask[None, :]
             acc0 = tl.full((BN, BJ), 0.0, tl.float32)
@@ -161,6 +201,8 @@ def _forward(
                 tl.store(cin_ptr + n_off, tl.where(restart, stored_c, c), mask=nmask)
         # every thread of the program must see the whole next state before its matmul
         tl.debug_barrier()
+        if SYNC:  # ... and so must every program of these rows (they own other columns)
+            _grid_barrier(flag_ptr + pid_r * NCG, pid_c, t + 1, NCG)
 
 
 def _backward(
@@ -176,23 +218,32 @@ def _backward(
     #          d(W_hn h + b_hn), d(n) pre-activation
     dhin_ptr,  # out [T, N, H]: gradient of the state entering each step
     dcin_ptr,  # out [T, N, H] (LSTM only)
+    flag_ptr,  # [ceil(N / BN), NCG] int32, zeros (when SYNC)
     T,
     N,
     H,
+    T0,  # the reversed steps this launch runs: T0 <= T - 1 - t < T1
+    T1,
     G: tl.constexpr,
     IS_LSTM: tl.constexpr,
     BN: tl.constexpr,
     HP: tl.constexpr,
     BJ: tl.constexpr,
     BK: tl.constexpr,
+    CW: tl.constexpr,
+    NCG: tl.constexpr,
+    SYNC: tl.constexpr,
+    PHASE: tl.constexpr,  # 0: both passes of each step; 1 or 2: that pass alone
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    rows = pid_r * BN + tl.arange(0, BN)
     rmask = rows < N
     rj = tl.arange(0, BJ)
     rk = tl.arange(0, BK)
-    for tt in range(T):
+    for tt in range(T0, T1):
         t = T - 1 - tt
         s_base = t * N * H
         a_base = t * N * 4 * H
@@ -202,74 +253,81 @@ def _backward(
         # 0: the next trajectory's may be NaN, and 0 * NaN = NaN would cross the restart
         keep = (restart == 0)[:, None]
         # pass 1 (elementwise): gradients of the pre-activations of step t
-        for j0 in range(0, HP, BJ):
-            cols = j0 + rj
-            cmask = cols < H
-            m2 = rmask[:, None] & cmask[None, :]
-            nmask = m2 & next_rows[:, None]
-            off = rows[:, None] * H + cols[None, :]
-            ao = a_base + rows[:, None] * (4 * H) + cols[None, :]
-            dh = tl.load(dhs_ptr + s_base + off, mask=m2, other=0.0)
-            dh += tl.load(dhin_ptr + s_base + N * H + off, mask=nmask & keep, other=0.0)
-            a0 = tl.load(act_ptr + ao, mask=m2, other=0.0)
-            a1 = tl.load(act_ptr + ao + H, mask=m2, other=0.0)
-            a2 = tl.load(act_ptr + ao + 2 * H, mask=m2, other=0.0)
-            a3 = tl.load(act_ptr + ao + 3 * H, mask=m2, other=0.0)
-            if IS_LSTM:
-                dc = tl.load(dcs_ptr + s_base + off, mask=m2, other=0.0)
-                dc += tl.load(dcin_ptr + s_base + N * H + off, mask=nmask & keep, other=0.0)
-                c = tl.load(cs_ptr + s_base + off, mask=m2, other=0.0)
-                tc = 2.0 / (1.0 + tl.exp(-2.0 * c)) - 1.0
-                dc += dh * a3 * (1.0 - tc * tc)
-                c_in = tl.load(cin_ptr + s_base + off, mask=m2, other=0.0)
-                tl.store(dg_ptr + ao, dc * a2 * a0 * (1.0 - a0), mask=m2)
-                tl.store(dg_ptr + ao + H, dc * c_in * a1 * (1.0 - a1), mask=m2)
-                tl.store(dg_ptr + ao + 2 * H, dc * a0 * (1.0 - a2 * a2), mask=m2)
-                tl.store(dg_ptr + ao + 3 * H, dh * tc * a3 * (1.0 - a3), mask=m2)
-                tl.store(dcin_ptr + s_base + off, dc * a1, mask=m2)
-            else:
-                h_in = tl.load(hin_ptr + s_base + off, mask=m2, other=0.0)
-                d_pre_n = dh * (1.0 - a1) * (1.0 - a2 * a2)
-                tl.store(dg_ptr + ao, d_pre_n * a3 * a0 * (1.0 - a0), mask=m2)
-                tl.store(dg_ptr + ao + H, dh * (h_in - a2) * a1 * (1.0 - a1), mask=m2)
-                tl.store(dg_ptr + ao + 2 * H, d_pre_n * a0, mask=m2)
-                tl.store(dg_ptr + ao + 3 * H, d_pre_n, mask=m2)
-                tl.store(dhin_ptr + s_base + off, dh * a1, mask=m2)  # the direct z * h path
+        if PHASE != 2:
+            for jj in range(0, CW, BJ):
+                cols = pid_c * CW + jj + rj
+                cmask = cols < H
+                m2 = rmask[:, None] & cmask[None, :]
+                nmask = m2 & next_rows[:, None]
+                off = rows[:, None] * H + cols[None, :]
+                ao = a_base + rows[:, None] * (4 * H) + cols[None, :]
+                dh = tl.load(dhs_ptr + s_base + off, mask=m2, other=0.0)
+                dh += tl.load(dhin_ptr + s_base + N * H + off, mask=nmask & keep, other=0.0)
+                a0 = tl.load(act_ptr + ao, mask=m2, other=0.0)
+                a1 = tl.load(act_ptr + ao + H, mask=m2, other=0.0)
+                a2 = tl.load(act_ptr + ao + 2 * H, mask=m2, other=0.0)
+                a3 = tl.load(act_ptr + ao + 3 * H, mask=m2, other=0.0)
+                if IS_LSTM:
+                    dc = tl.load(dcs_ptr + s_base + off, mask=m2, other=0.0)
+                    dc += tl.load(dcin_ptr + s_base + N * H + off, mask=nmask & keep, other=0.0)
+                    c = tl.load(cs_ptr + s_base + off, mask=m2, other=0.0)
+                    tc = 2.0 / (1.0 + tl.exp(-2.0 * c)) - 1.0
+                    dc += dh * a3 * (1.0 - tc * tc)
+                    c_in = tl.load(cin_ptr + s_base + off, mask=m2, other=0.0)
+                    tl.store(dg_ptr + ao, dc * a2 * a0 * (1.0 - a0), mask=m2)
+                    tl.store(dg_ptr + ao + H, dc * c_in * a1 * (1.0 - a1), mask=m2)
+                    tl.store(dg_ptr + ao + 2 * H, dc * a0 * (1.0 - a2 * a2), mask=m2)
+                    tl.store(dg_ptr + ao + 3 * H, dh * tc * a3 * (1.0 - a3), mask=m2)
+                    tl.store(dcin_ptr + s_base + off, dc * a1, mask=m2)
+                else:
+                    h_in = tl.load(hin_ptr + s_base + off, mask=m2, other=0.0)
+                    d_pre_n = dh * (1.0 - a1) * (1.0 - a2 * a2)
+                    tl.store(dg_ptr + ao, d_pre_n * a3 * a0 * (1.0 - a0), mask=m2)
+                    tl.store(dg_ptr + ao + H, dh * (h_in - a2) * a1 * (1.0 - a1), mask=m2)
+                    tl.store(dg_ptr + ao + 2 * H, d_pre_n * a0, mask=m2)
+                    tl.store(dg_ptr + ao + 3 * H, d_pre_n, mask=m2)
+                    tl.store(dhin_ptr + s_base + off, dh * a1, mask=m2)  # the direct z * h path
         tl.debug_barrier()
+        if SYNC:  # pass 2 reads the gate gradients of every column: wait for their programs
+            _grid_barrier(flag_ptr + pid_r * NCG, pid_c, tt + 1, NCG)
         # pass 2: d h_in = d gates @ W_hh over the G gate blocks (+ the GRU's direct path)
-        for j0 in range(0, HP, BJ):
-            cols = j0 + rj
-            cmask = cols < H
-            m2 = rmask[:, None] & cmask[None, :]
-            acc = tl.full((BN, BJ), 0.0, tl.float32)
-            for g in range(G):
-                for k0 in range(0, HP, BK):
-                    ks = k0 + rk
-                    kmask = ks < H
-                    dgk = tl.load(
-                        dg_ptr + a_base + rows[:, None] * (4 * H) + g * H + ks[None, :],
-                        mask=rmask[:, None] & kmask[None, :],
-                        other=0.0,
-                    ).to(w_ptr.dtype.element_ty)
-                    wk = tl.load(
-                        w_ptr + (g * H + ks)[:, None] * H + cols[None, :],
-                        mask=kmask[:, None] & cmask[None, :],
-                        other=0.0,
-                    )
-                    if UPCAST:
-                        dgk = dgk.to(tl.float32)
-                        wk = wk.to(tl.float32)
-                    acc = tl.dot(dgk, wk, acc, input_precision=PRECISION)
-            off = s_base + rows[:, None] * H + cols[None, :]
-            if not IS_LSTM:
-                acc += tl.load(dhin_ptr + off, mask=m2, other=0.0)
-            tl.store(dhin_ptr + off, acc, mask=m2)
+        if PHASE != 1:
+            for jj in range(0, CW, BJ):
+                cols = pid_c * CW + jj + rj
+                cmask = cols < H
+                m2 = rmask[:, None] & cmask[None, :]
+                acc = tl.full((BN, BJ), 0.0, tl.float32)
+                for g in range(G):
+                    for k0 in range(0, HP, BK):
+                        ks = k0 + rk
+                        kmask = ks < H
+                        dgk = tl.load(
+                            dg_ptr + a_base + rows[:, None] * (4 * H) + g * H + ks[None, :],
+                            mask=rmask[:, None] & kmask[None, :],
+                            other=0.0,
+                        ).to(w_ptr.dtype.element_ty)
+                        wk = tl.load(
+                            w_ptr + (g * H + ks)[:, None] * H + cols[None, :],
+                            mask=kmask[:, None] & cmask[None, :],
+                            other=0.0,
+                        )
+                        if UPCAST:
+                            dgk = dgk.to(tl.float32)
+                            wk = wk.to(tl.float32)
+                        acc = tl.dot(dgk, wk, acc, input_precision=PRECISION)
+                off = s_base + rows[:, None] * H + cols[None, :]
+                if not IS_LSTM:
+                    acc += tl.load(dhin_ptr + off, mask=m2, other=0.0)
+                tl.store(dhin_ptr + off, acc, mask=m2)
         tl.debug_barrier()
 
 
 @functools.lru_cache(maxsize=2)
 def _jitted(interpret: bool):
-    del interpret  # the cache key: triton.jit reads TRITON_INTERPRET when it decorates
+    # ``interpret`` is the cache key: triton.jit reads TRITON_INTERPRET when it decorates
+    if not interpret:
+        global _grid_barrier
+        _grid_barrier = triton.jit(_grid_barrier_body)
     return triton.jit(_forward), triton.jit(_backward)
 
 

@@ -106,9 +106,11 @@ def test_dropout_between_layers_matches_scan():
 
 
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
-def test_kernels_compile_for_a_gpu_without_one(monkeypatch, mode):
+@pytest.mark.parametrize("groups", [1, 4])
+def test_kernels_compile_for_a_gpu_without_one(monkeypatch, mode, groups):
     """The interpreter does not type-check like the compiler: build both kernels for sm_90
-    (Triton compiles and assembles offline; no device is touched)."""
+    (Triton compiles and assembles offline; no device is touched), with and without the
+    grid barrier of column groups, which the interpreter never runs."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -120,17 +122,21 @@ def test_kernels_compile_for_a_gpu_without_one(monkeypatch, mode):
     forward, backward = triton_kernels.kernels()
     lstm = mode == "lstm"
     consts = {"G": 4 if lstm else 3, "IS_LSTM": lstm, "PRECISION": "tf32", "UPCAST": False}
-    consts.update(HAS_BHN=not lstm, STORE_ACT=True, BN=16, HP=64, BJ=64, BK=32)
+    consts.update(HAS_BHN=not lstm, STORE_ACT=True, BN=16, HP=64, BJ=64 // groups, BK=32)
+    consts.update(CW=64 // groups, NCG=groups, SYNC=groups > 1, PHASE=0)
     for kernel in (forward, backward):
         own = {k: v for k, v in consts.items() if k in kernel.arg_names}
         signature = {
             name: "constexpr" if name in own else "*i8" if name == "reset_ptr" else
-            "*fp32" if name.endswith("_ptr") else "i32"
+            "*i32" if name == "flag_ptr" else "*fp32" if name.endswith("_ptr") else "i32"
             for name in kernel.arg_names
         }  # fmt: skip
         source = ASTSource(kernel, signature, own)
-        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
-        assert "bar.sync" in compiled.asm["ptx"]  # the per-step block barrier survived
+        ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+        assert "bar.sync" in ptx  # the per-step block barrier survived
+        # the grid barrier: a release exchange of the program's flag, acquire reads of its peers'
+        barrier = "gpu.release.exch" in ptx and "gpu.acquire.add" in ptx
+        assert barrier == (groups > 1)
 
 
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
@@ -270,6 +276,54 @@ def test_launch_configuration_is_validated_and_scoped():
     with backend.triton_launch(block_cols=16, block_k=16):  # 3 column tiles, 3 reduction tiles
         got = _run(problem, "triton")
     _assert_all_close(got, _reference(problem), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("mode", "layers", "hidden", "groups", "recompute"),
+    [
+        ("lstm", 2, 40, 4, "none"),  # H padded to 64: 4 groups of 16, the last one partial
+        ("gru", 2, 40, 4, "full"),
+        ("lstm", 1, 64, 2, "full"),
+        ("gru", 1, 64, 8, "none"),  # more groups than 16-unit columns: capped at 4
+    ],
+)
+def test_column_groups_match_the_reference(mode, layers, hidden, groups, recompute):
+    """Several programs per block of rows, each owning some hidden units (on a GPU they meet
+    at a grid barrier every step; the interpreter launches one step at a time instead)."""
+    from recurrl.functional.recurrent import triton as backend
+
+    problem = make_problem(mode, n=18, steps=5, input_size=5, hidden=hidden, num_layers=layers)
+    assert problem.is_init[:, 1:].any()
+    with backend.triton_launch(col_groups=groups, block_cols=16):
+        got = _run(problem, "triton", recompute=recompute)
+    _assert_all_close(got, _reference(problem), atol=1e-5, rtol=1e-4)
+
+
+def test_column_groups_are_chosen_from_the_multiprocessors(monkeypatch):
+    """The automatic split on a GPU: as many groups as the multiprocessors hold (one program
+    each) while each keeps >= 32 hidden units; an explicit split that could not be resident
+    at once is refused before anything runs (its barrier would wait forever)."""
+    from recurrl.functional.recurrent import triton as backend
+
+    monkeypatch.setattr(backend, "_interpreting", lambda: False)
+    monkeypatch.setattr(backend, "_multiprocessors", lambda index: 132)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a test GPU")
+    cuda = torch.device("cuda", 0)
+    assert backend._col_groups(1, 512, cuda) == 16  # B=16 H=512: 16 programs of 32 units
+    assert backend._col_groups(8, 256, cuda) == 8  # B=128 H=256: 64 programs
+    assert backend._col_groups(40, 256, cuda) == 2  # 80 programs; 4 groups would need 160
+    assert backend._col_groups(100, 256, cuda) == 1  # enough rows to fill the GPU already
+    assert backend._col_groups(1, 32, cuda) == 1
+    opts = backend._Options(lstm=True, compute_dtype=torch.float32, precision="tf32",
+                            recompute=False)  # fmt: skip
+    grid, shape = backend._launch_shape(16, 500, opts, cuda)
+    assert grid == (1, 16) and shape["CW"] == 32 and shape["BJ"] == 32 and shape["SYNC"]
+    with backend.triton_launch(col_groups=64):  # capped at 16 units per group
+        assert backend._col_groups(1, 512, cuda) == 32
+    with backend.triton_launch(col_groups=4), pytest.raises(ValueError, match="132 multipro"):
+        backend._col_groups(40, 256, cuda)
+    with pytest.raises(ValueError, match="col_groups must be None or a power of two"):
+        backend.TritonLaunch(col_groups=3)
 
 
 def test_a_launch_out_of_shared_memory_is_retried_with_small_tiles():

@@ -135,14 +135,18 @@ def test_precision_modes_really_differ(references, mode):
     assert dev["bf16"] > dev["tf32"]
 
 
+@pytest.mark.parametrize("groups", [1, 4, 16], ids=lambda g: f"groups{g}")
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
-def test_block_barrier_makes_each_step_see_the_last(references, mode):
+def test_barriers_make_each_step_see_the_last(references, mode, groups):
     """The kernel's threads write the state entering step ``t + 1`` and read it back for the
-    next matmul: without the per-step barrier a thread would read a stale or half-written
-    state. In IEEE mode the kernel is deterministic, so five runs of a long, wide problem
-    must agree bit for bit, and with the float64 reference at every step."""
+    next matmul: without the per-step block barrier a thread would read a stale or
+    half-written state, and with column groups, without the grid barrier a program would
+    read its peers' columns before they wrote them. In IEEE mode the kernel is
+    deterministic, so five runs of a long, wide problem must agree bit for bit, and with the
+    float64 reference at every step."""
     problem, want = references(mode, SHAPES[2])
-    runs = [_run(*problem, "triton", "cuda", matmul_precision="ieee") for _ in range(5)]
+    with triton_launch(col_groups=groups):
+        runs = [_run(*problem, "triton", "cuda", matmul_precision="ieee") for _ in range(5)]
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
             assert torch.equal(a, b)
@@ -159,8 +163,20 @@ def test_block_barrier_makes_each_step_see_the_last(references, mode):
         TritonLaunch(block_rows=32, num_warps=8),
         TritonLaunch(block_cols=32, block_k=64, num_stages=2),
         TritonLaunch(block_cols=128, block_k=16, num_warps=8, num_stages=4),
+        TritonLaunch(col_groups=1),
+        TritonLaunch(col_groups=2, block_cols=16, num_warps=2),
+        TritonLaunch(col_groups=4, block_rows=32, num_warps=4),
     ],
-    ids=["default", "cols64-w4", "rows32-w8", "cols32-k64-s2", "cols128-k16-w8-s4"],
+    ids=[
+        "default",
+        "cols64-w4",
+        "rows32-w8",
+        "cols32-k64-s2",
+        "cols128-k16-w8-s4",
+        "groups1",
+        "groups2-cols16-w2",
+        "groups4-rows32-w4",
+    ],
 )
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 def test_every_launch_configuration_gives_the_same_numbers(references, mode, launch):
@@ -231,7 +247,8 @@ def test_auto_picks_triton_where_it_wins():
     assert pick(x, restart) == "triton"
     assert pick(x, restart, "gru") == "triton"
     assert pick(x, torch.zeros_like(restart)) == "pad"  # no restart inside a row
-    assert pick(x[:16], restart[:16]) == "pad"  # one program: pad is as fast
+    fewer = AUTO_TRITON_MIN_ROWS - 1  # below the smallest batch measured
+    assert pick(x[:fewer], restart[:fewer]) == "pad"
 
 
 @pytest.mark.parametrize("cls", [LSTMModule, GRUModule])
