@@ -72,7 +72,7 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase
-from torch import nn
+from torch import Tensor, nn
 
 from recurrl.data import (
     LazyTensorStorage,
@@ -134,6 +134,25 @@ def apex_epsilons(n: int, base: float = 0.4, alpha: float = 7.0) -> list[float]:
     if n == 1:
         return [float(base)]
     return [float(base) ** (1.0 + alpha * i / (n - 1)) for i in range(n)]
+
+
+def importance_weights(weight: Tensor, beta: float, norm: str) -> Tensor:
+    """The loss's importance weights from a prioritized sample's ``weight`` (computed for
+    ``beta = 1``, divided by the global largest: ``(P / min P)^-1``): raised to ``beta``, and
+    with ``norm="batch"`` divided by the sample's largest instead (padding, 0, stays 0).
+
+    Examples:
+        >>> import torch
+        >>> w = torch.tensor([0.01, 0.04, 0.0])
+        >>> importance_weights(w, 0.5, "global")
+        tensor([0.1000, 0.2000, 0.0000])
+        >>> importance_weights(w, 0.5, "batch")
+        tensor([0.5000, 1.0000, 0.0000])
+    """
+    weight = weight.pow(beta)
+    if norm == "batch":
+        weight = weight / weight.max().clamp_min(torch.finfo(weight.dtype).tiny)
+    return weight
 
 
 def priority_beta_at(cfg: Any, frames: int) -> float:
@@ -345,7 +364,7 @@ class DQNTrainer:
                 sample.set(key, sample.get(key) * d.reward_scale)
             if d.prioritized:  # the sampler's weights are for beta = 1
                 key = self.loss.tensor_keys.priority_weight
-                sample.set(key, sample.get(key).pow(beta))
+                sample.set(key, importance_weights(sample.get(key), beta, d.priority_weight_norm))
             out = self.loss(sample)
             self.optimizer.zero_grad(set_to_none=True)
             out["loss"].backward()

@@ -120,6 +120,12 @@ class DQNConfig:
     priority_eta: float = 0.9
     """With prioritized: a sequence's priority is eta * max + (1 - eta) * mean of the |TD
     errors| of its steps in the loss (R2D2's 0.9; burn-in steps do not count)."""
+    priority_weight_norm: Literal["global", "batch"] = "global"
+    """With prioritized: what the importance weights are divided by so that they are <= 1:
+    global, the weight of the least likely stored sequence (prioritized replay's
+    max_i w_i); batch, the largest weight in the sample. One stored sequence of near-zero
+    priority makes every global weight near 0 (the updates shrink with it); batch keeps the
+    sample's largest at 1."""
     burn_in_stop_gradient: bool = False
     """R2D2's stop-gradient: no gradient flows back into the burn-in steps through the hidden
     state (one more forward pass per update; off: they get gradients from later steps)."""
@@ -199,6 +205,11 @@ class DQNConfig:
         self._check_replay()
 
     def _check_replay(self) -> None:
+        if self.priority_weight_norm not in ("global", "batch"):
+            raise ValueError(
+                f"DQNConfig: priority_weight_norm must be global or batch, received "
+                f"{self.priority_weight_norm!r}. Fix: --priority-weight-norm batch."
+            )
         if self.priority_alpha < 0:
             raise ValueError(
                 f"DQNConfig: priority_alpha must be >= 0 (0: uniform), received "

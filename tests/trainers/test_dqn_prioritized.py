@@ -118,6 +118,37 @@ def test_beta_anneals_linearly_to_one_and_weights_are_raised_to_it(tmp_path):
         assert float(weight.min()) > 0 and float(weight.max()) <= 1.0
 
 
+def test_batch_weight_norm_keeps_each_samples_largest_weight_at_one(tmp_path):
+    """``--priority-weight-norm batch``: the weights of each sample divided by its largest
+    (after the power beta), so one stale sequence of tiny priority cannot shrink every
+    update; ``global`` keeps the sampler's normalisation."""
+    cfg = parse_train(*TINY, "--prioritized", "--priority-weight-norm", "batch",
+                      "--run-dir", str(tmp_path))  # fmt: skip
+    assert cfg.dqn.priority_weight_norm == "batch"
+    trainer = DQNTrainer(cfg)
+    drawn, seen = [], []
+    sample, forward = trainer.buffer.sample, trainer.loss.forward
+
+    def sample_spy(*args, **kwargs):
+        drawn.append(sample(*args, **kwargs))
+        return drawn[-1].clone()
+
+    def forward_spy(td):
+        seen.append((trainer.collector.frames, td["_weight"].clone()))
+        return forward(td)
+
+    trainer.buffer.sample, trainer.loss.forward = sample_spy, forward_spy
+    trainer.train()
+    assert seen
+    for (frames, weight), raw in zip(seen, drawn[-len(seen) :], strict=True):
+        beta = priority_beta_at(cfg.dqn, frames - cfg.dqn.frames_per_batch)
+        want = raw["_weight"].pow(beta)
+        torch.testing.assert_close(weight, want / want.max())
+        assert float(weight.max()) == 1.0
+    with pytest.raises(ValueError, match="priority_weight_norm must be global or batch"):
+        DQNConfig(priority_weight_norm="mean")
+
+
 def test_priorities_are_updated_from_the_trained_steps_after_every_update(tmp_path):
     cfg = parse_train(*TINY, "--prioritized", "--run-dir", str(tmp_path))
     trainer = DQNTrainer(cfg)
