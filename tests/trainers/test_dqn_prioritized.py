@@ -90,12 +90,8 @@ def test_config_round_trips_and_old_files_load_with_uniform_replay(tmp_path, cap
     assert old.burn_in_stop_gradient is False
 
 
-def test_beta_anneals_linearly_to_one_and_weights_are_raised_to_it(tmp_path):
-    d = DQNConfig(frames=1000, frames_per_batch=100, priority_beta=0.4)
-    assert [priority_beta_at(d, f) for f in (-100, 0, 500, 1000, 2000)] == pytest.approx(
-        [0.4, 0.4, 0.7, 1.0, 1.0]
-    )
-    cfg = parse_train(*TINY, "--prioritized", "--run-dir", str(tmp_path))
+def _train_seeing_weights(cfg):
+    """Train; return the samples drawn and ``(frames, weights)`` as the loss saw them."""
     trainer = DQNTrainer(cfg)
     drawn, seen = [], []
     sample, forward = trainer.buffer.sample, trainer.loss.forward
@@ -110,6 +106,16 @@ def test_beta_anneals_linearly_to_one_and_weights_are_raised_to_it(tmp_path):
 
     trainer.buffer.sample, trainer.loss.forward = sample_spy, forward_spy
     trainer.train()
+    return drawn, seen
+
+
+def test_beta_anneals_linearly_to_one_and_weights_are_raised_to_it(tmp_path):
+    d = DQNConfig(frames=1000, frames_per_batch=100, priority_beta=0.4)
+    assert [priority_beta_at(d, f) for f in (-100, 0, 500, 1000, 2000)] == pytest.approx(
+        [0.4, 0.4, 0.7, 1.0, 1.0]
+    )
+    cfg = parse_train(*TINY, "--prioritized", "--run-dir", str(tmp_path))
+    drawn, seen = _train_seeing_weights(cfg)
     assert [f for f, _ in seen] == [f for f in (128, 192, 256) for _ in range(2)]
     for (frames, weight), raw in zip(seen, drawn[-len(seen) :], strict=True):
         beta = priority_beta_at(cfg.dqn, frames - cfg.dqn.frames_per_batch)
@@ -125,20 +131,7 @@ def test_batch_weight_norm_keeps_each_samples_largest_weight_at_one(tmp_path):
     cfg = parse_train(*TINY, "--prioritized", "--priority-weight-norm", "batch",
                       "--run-dir", str(tmp_path))  # fmt: skip
     assert cfg.dqn.priority_weight_norm == "batch"
-    trainer = DQNTrainer(cfg)
-    drawn, seen = [], []
-    sample, forward = trainer.buffer.sample, trainer.loss.forward
-
-    def sample_spy(*args, **kwargs):
-        drawn.append(sample(*args, **kwargs))
-        return drawn[-1].clone()
-
-    def forward_spy(td):
-        seen.append((trainer.collector.frames, td["_weight"].clone()))
-        return forward(td)
-
-    trainer.buffer.sample, trainer.loss.forward = sample_spy, forward_spy
-    trainer.train()
+    drawn, seen = _train_seeing_weights(cfg)
     assert seen
     for (frames, weight), raw in zip(seen, drawn[-len(seen) :], strict=True):
         beta = priority_beta_at(cfg.dqn, frames - cfg.dqn.frames_per_batch)

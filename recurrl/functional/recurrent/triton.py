@@ -219,7 +219,9 @@ def _col_groups(row_blocks: int, hp: int, device: torch.device) -> int:
     wanted = _launch.col_groups
     if _interpreting():
         return 1 if wanted is None else min(wanted, cap)
-    sms = _multiprocessors(device.index if device.index is not None else 0)
+    sms = _multiprocessors(
+        device.index if device.index is not None else torch.cuda.current_device()
+    )
     if wanted is not None:
         groups = min(wanted, cap)
         if groups > 1 and row_blocks * groups > sms:
