@@ -179,7 +179,8 @@ def make_sampler(cfg: Any) -> SliceSampler | TapeSampler:
     if cfg.sampler == "tape" and cfg.prioritized:  # beta=1: annealed by the trainer
         return PrioritizedTapeSampler(
             max_capacity=cfg.buffer_size, alpha=cfg.priority_alpha, beta=1.0,
-            eta=cfg.priority_eta, frames_per_tape=cfg.tape_frames, num_tapes=cfg.num_tapes,
+            eta=cfg.priority_eta, uniform_mix=cfg.priority_uniform_mix,
+            frames_per_tape=cfg.tape_frames, num_tapes=cfg.num_tapes,
         )  # fmt: skip
     if cfg.sampler == "tape":
         return TapeSampler(frames_per_tape=cfg.tape_frames, num_tapes=cfg.num_tapes,
@@ -193,7 +194,7 @@ def make_sampler(cfg: Any) -> SliceSampler | TapeSampler:
     # beta=1: the trainer anneals it by raising the weights to beta (see the module doc)
     return PrioritizedSliceSampler(
         max_capacity=cfg.buffer_size, alpha=cfg.priority_alpha, beta=1.0,
-        eta=cfg.priority_eta, **kwargs,
+        eta=cfg.priority_eta, uniform_mix=cfg.priority_uniform_mix, **kwargs,
     )  # fmt: skip
 
 

@@ -126,6 +126,11 @@ class DQNConfig:
     max_i w_i); batch, the largest weight in the sample. One stored sequence of near-zero
     priority makes every global weight near 0 (the updates shrink with it); batch keeps the
     sample's largest at 1."""
+    priority_uniform_mix: float = 0.0
+    """With prioritized: the share of each draw's probability spread evenly over the stored
+    sequences, P = (1 - u) priority^alpha / sum + u / N (0: by priority alone; 1: uniform
+    draws). It bounds how strongly draws favour new (never replayed, highest-priority)
+    sequences and how small an importance weight gets."""
     burn_in_stop_gradient: bool = False
     """R2D2's stop-gradient: no gradient flows back into the burn-in steps through the hidden
     state (one more forward pass per update; off: they get gradients from later steps)."""
@@ -209,6 +214,18 @@ class DQNConfig:
             raise ValueError(
                 f"DQNConfig: priority_weight_norm must be global or batch, received "
                 f"{self.priority_weight_norm!r}. Fix: --priority-weight-norm batch."
+            )
+        mix = self.priority_uniform_mix
+        if isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0 <= mix <= 1:
+            raise ValueError(
+                f"DQNConfig: priority_uniform_mix must be in [0, 1] (the share of uniform "
+                f"draws), received {mix!r}. Fix: --priority-uniform-mix 0.5."
+            )
+        if mix > 0 and not self.prioritized:
+            raise ValueError(
+                f"DQNConfig: priority_uniform_mix={mix} mixes uniform into prioritized draws, "
+                "but prioritized is off (draws are uniform already). Fix: add --prioritized, "
+                "or drop --priority-uniform-mix."
             )
         if self.priority_alpha < 0:
             raise ValueError(

@@ -142,6 +142,19 @@ def test_batch_weight_norm_keeps_each_samples_largest_weight_at_one(tmp_path):
         DQNConfig(priority_weight_norm="mean")
 
 
+@pytest.mark.parametrize("sampler", ["tape", "slice"])
+def test_uniform_mix_reaches_either_sampler_and_needs_prioritized(sampler):
+    burn_in = ["--burn-in", "0"] if sampler == "tape" else []  # a slice-only option
+    cfg = parse_train(*TINY, *burn_in, "--sampler", sampler, "--prioritized",
+                      "--priority-uniform-mix", "0.25")  # fmt: skip
+    assert cfg.dqn.priority_uniform_mix == 0.25
+    assert DQNTrainer(cfg).buffer.sampler.uniform_mix == 0.25
+    with pytest.raises(ValueError, match=r"prioritized is off.*add --prioritized"):
+        parse_train(*TINY, "--priority-uniform-mix", "0.25")
+    with pytest.raises(ValueError, match=r"priority_uniform_mix must be in \[0, 1\]"):
+        DQNConfig(prioritized=True, priority_uniform_mix=2.0)
+
+
 def test_priorities_are_updated_from_the_trained_steps_after_every_update(tmp_path):
     cfg = parse_train(*TINY, "--prioritized", "--run-dir", str(tmp_path))
     trainer = DQNTrainer(cfg)

@@ -68,7 +68,10 @@ class PrioritizedSliceSampler(PriorityTable, SliceSampler):
     sample carries its slice's importance weight under ``"_weight"``:
     ``w_i = (N * P(i))^-beta / max_j (N * P(j))^-beta`` (``N``: number of valid windows; the
     max runs over all of them, so weights are at most 1 and the largest possible one is 1).
-    Padding steps (``pad_output=True``) get weight 0.
+    Padding steps (``pad_output=True``) get weight 0. With ``uniform_mix = u > 0`` each
+    slice is drawn uniformly among the ``N`` valid windows with probability ``u`` and by
+    priority otherwise: ``P(i) = (1 - u) p_i^alpha / sum_j p_j^alpha + u / N``, and the
+    weights use that ``P`` (``u = 1``: uniform draws, weights 1).
 
     **Priorities.** Data written gets the largest priority seen so far (default 1 until a
     larger one is set), so every new slice is sampled at least once soon; a position that the
@@ -96,6 +99,10 @@ class PrioritizedSliceSampler(PriorityTable, SliceSampler):
             (default ``0.9``; ``1``: max, ``0``: mean).
         max_priority_within_buffer: if True, new data gets the largest priority among the
             positions still held (not the largest ever seen).
+        uniform_mix: the share of the draws made uniformly over the valid windows, in
+            ``[0, 1]`` (default ``0``: by priority alone). It bounds how much more likely a
+            high-priority (e.g. never replayed) slice is than the others, and how small an
+            importance weight can get.
         num_slices: like ``slice_len``, ``end_key``, ``end_keys``, ``traj_key``,
             ``step_key``, ``fragmented``, ``ends``, ``trajectories``, ``cache_values``,
             ``truncated_key``, ``init_key``, ``strict_length``, ``compile``, ``span``,
@@ -134,6 +141,7 @@ class PrioritizedSliceSampler(PriorityTable, SliceSampler):
         *,
         eta: float = 0.9,
         max_priority_within_buffer: bool = False,
+        uniform_mix: float = 0.0,
         num_slices: int | None = None,
         slice_len: int | None = None,
         end_key: NestedKey | None = None,
@@ -157,6 +165,7 @@ class PrioritizedSliceSampler(PriorityTable, SliceSampler):
         start_stride: int | None = None,
     ) -> None:
         _check_priority_args(max_capacity, alpha, beta, eps, dtype, reduction, eta)
+        check_uniform_mix(uniform_mix, "PrioritizedSliceSampler")
         super().__init__(
             num_slices=num_slices, slice_len=slice_len, end_key=end_key, end_keys=end_keys,
             traj_key=traj_key, step_key=step_key, fragmented=fragmented, ends=ends,
@@ -169,6 +178,7 @@ class PrioritizedSliceSampler(PriorityTable, SliceSampler):
         self.alpha, self.beta, self.eps = float(alpha), float(beta), float(eps)
         self.dtype, self.reduction, self.eta = dtype, reduction, float(eta)
         self.max_priority_within_buffer = bool(max_priority_within_buffer)
+        self.uniform_mix = float(uniform_mix)
         # p_i = |value| + eps per storage position (the start of the slices drawn there).
         self._priority = torch.zeros(self.max_capacity, dtype=dtype)
         self._max_priority = 1.0  # what new data gets (PER: the largest priority so far)
@@ -213,7 +223,20 @@ class PrioritizedSliceSampler(PriorityTable, SliceSampler):
         ranks = first[pos] + (draw[1] * count[pos]).long().clamp_max(count[pos] - 1)
         # (N P_i)^-beta / max_j (N P_j)^-beta = (p_i^alpha / min_j p_j^alpha)^-beta
         mass = self._mass(self._priority[pos])
-        weight = (mass / self._tree.minimum).pow(-self.beta).to(self.dtype)  # [M]
+        least = self._tree.minimum
+        u = self.uniform_mix
+        if u > 0:  # a share u of the slices drawn uniformly among the windows
+            more = torch.rand(2, num_slices, generator=self.generator, dtype=torch.float64)
+            even = more[0] < u
+            uniform_ranks = (more[1] * total).long().clamp_max(total - 1)
+            ranks = torch.where(even, uniform_ranks, ranks)
+            pos = torch.where(even, self._starts[1][uniform_ranks], pos)
+            mass = self._mass(self._priority[pos])
+            # P_i = (1 - u) p_i^alpha / sum + u / N, per window; its least value likewise
+            norm = self._tree.total
+            mass = (1 - u) * mass / norm + u / total
+            least = (1 - u) * least / norm + u / total
+        weight = (mass / least).pow(-self.beta).to(self.dtype)  # [M]
         start, length = self._locate(segments, ranks, slice_len)
         index, is_start, is_end, mask = self._slices(storage, start, length, slice_len)
         info = self._marks(storage, index, is_start, is_end, mask)
@@ -410,6 +433,20 @@ def store_priorities(
     mean.scatter_reduce_(0, inverse, value, "mean", include_self=False)
     table[unique] = mean.to(table.dtype)
     return unique, mean
+
+
+def check_uniform_mix(uniform_mix: float, owner: str) -> None:
+    """Refuse a ``uniform_mix`` outside ``[0, 1]`` (the share of uniform draws)."""
+    if (
+        isinstance(uniform_mix, bool)
+        or not isinstance(uniform_mix, (int, float))
+        or not 0 <= uniform_mix <= 1
+    ):
+        raise ValueError(
+            f"{owner}: expected uniform_mix in [0, 1] (the share of the draw probability "
+            f"spread evenly), received {uniform_mix!r}; fix: e.g. uniform_mix=0.5, or 0 for "
+            "draws by priority alone."
+        )
 
 
 def _check_priority_args(

@@ -14,6 +14,7 @@ from recurrl.data.samplers.prioritized_slice import (
     WEIGHT_KEY,
     PriorityTable,
     _check_priority_args,
+    check_uniform_mix,
     store_priorities,
 )
 from recurrl.data.samplers.slice import MASK_KEY
@@ -31,9 +32,11 @@ class PrioritizedTapeSampler(PriorityTable, TapeSampler):
     first step), and the next episode laid on a tape is drawn with probability
     ``p_e^alpha / sum_j p_j^alpha`` among the complete episodes not yet on that tape (draws
     without replacement inside a tape, as ``TapeSampler``'s ``weight="uniform"``, which
-    ``alpha=0`` gives). Every step of an episode carries its importance weight under
-    ``"_weight"``: ``w_e = (P(e) / min_j P(j))^-beta`` over the drawable episodes (at most
-    1); padding gets 0.
+    ``alpha=0`` gives). With ``uniform_mix = u > 0`` a share ``u`` of the probability is
+    spread evenly instead: ``P(e) = (1 - u) p_e^alpha / sum_j p_j^alpha + u / E`` over the
+    ``E`` drawable episodes (``u = 1``: uniform draws). Every step of an episode carries its
+    importance weight under ``"_weight"``: ``w_e = (P(e) / min_j P(j))^-beta`` over the
+    drawable episodes (at most 1); padding gets 0.
 
     **Priorities.** Data written gets the largest priority seen so far (1 until a larger one
     is set), so a new episode is drawn soon; an overwritten position gets it too.
@@ -51,6 +54,10 @@ class PrioritizedTapeSampler(PriorityTable, TapeSampler):
         eta: the max's weight in R2D2's mix, for the caller that reduces an episode's
             per-step TD errors (``sequence_priority(..., eta=sampler.eta)``);
             :meth:`update_priority` itself takes one value per episode.
+        uniform_mix: the share of each draw's probability spread evenly over the drawable
+            episodes, in ``[0, 1]`` (default ``0``: by priority alone). It bounds how much
+            more likely a high-priority (e.g. never replayed) episode is than the others, and
+            how small an importance weight can get: ``w_e >= u / (u + (1 - u) E P_max)``.
         dtype: dtype of the priority table.
 
     The other arguments (``frames_per_tape``, ``num_tapes``, ``traj_key``, ``end_key``,
@@ -88,6 +95,7 @@ class PrioritizedTapeSampler(PriorityTable, TapeSampler):
         dtype: torch.dtype = torch.float32,
         *,
         eta: float = 0.9,
+        uniform_mix: float = 0.0,
         frames_per_tape: int | None = None,
         num_tapes: int = 1,
         traj_key: NestedKey | None = None,
@@ -100,6 +108,7 @@ class PrioritizedTapeSampler(PriorityTable, TapeSampler):
     ) -> None:
         _check_priority_args(max_capacity, alpha, beta, eps, dtype, "max", eta,
                              owner="PrioritizedTapeSampler")  # fmt: skip
+        check_uniform_mix(uniform_mix, "PrioritizedTapeSampler")
         super().__init__(
             frames_per_tape=frames_per_tape, num_tapes=num_tapes, traj_key=traj_key,
             end_key=end_key, init_key=init_key, step_key=step_key, truncated_key=truncated_key,
@@ -108,11 +117,13 @@ class PrioritizedTapeSampler(PriorityTable, TapeSampler):
         self.max_capacity = int(max_capacity)
         self.alpha, self.beta, self.eps = float(alpha), float(beta), float(eps)
         self.eta = float(eta)
+        self.uniform_mix = float(uniform_mix)
         self.dtype = dtype
         self._priority = torch.zeros(self.max_capacity, dtype=dtype)  # at episode starts
         self._max_priority = 1.0
-        self._mass: np.ndarray | None = None  # [E] p^alpha of the complete episodes
+        self._mass: np.ndarray | None = None  # [E] draw weights of the complete episodes
         self._min_mass = 1.0
+        self._mix: tuple[float, int] = (1.0, 1)  # (sum of p^alpha, count) of the drawable
 
     def extend(self, storage: Storage, index: Tensor, data: TensorDictBase,
                row_start: Tensor) -> None:  # fmt: skip
@@ -123,9 +134,13 @@ class PrioritizedTapeSampler(PriorityTable, TapeSampler):
     def sample(self, storage: Storage, batch_size: int) -> tuple[Tensor, dict]:
         piece_start, _, first, _, length = self._complete_episodes(storage)
         starts = torch.from_numpy(piece_start[first])  # [E] first step of every episode
-        self._mass = self._priority[starts].double().pow(self.alpha).numpy()
+        mass = self._priority[starts].double().pow(self.alpha).numpy()
         frames = self.tape_shape(batch_size)[1]
-        pool = self._mass if self.overflow == "cut" else self._mass[length <= frames]
+        pool = mass if self.overflow == "cut" else mass[length <= frames]
+        total = float(pool.sum())
+        self._mix = (total if total > 0 else 1.0, max(pool.size, 1))
+        self._mass = self._mixed(mass)
+        pool = self._mixed(pool)
         self._min_mass = float(pool.min()) if pool.size else 1.0
         if pool.size and not self._min_mass > 0:
             raise RuntimeError(
@@ -136,12 +151,22 @@ class PrioritizedTapeSampler(PriorityTable, TapeSampler):
         # Every real step carries its episode's weight: episodes start at the marks.
         start = info[self.init_key].reshape(len(index), -1).any(-1).cpu()
         real = info[MASK_KEY].cpu()
-        start_mass = self._priority[index[start]].double().pow(self.alpha)
+        start_mass = self._mixed(self._priority[index[start]].double().pow(self.alpha))
         episode = torch.cumsum(start.long(), 0) - 1
         first_mass = start_mass[episode]  # the mass stored at each step's episode start
         weight = (first_mass / self._min_mass).pow(-self.beta) * real
         info[WEIGHT_KEY] = weight.to(self.dtype).to(storage.device)
         return index, info
+
+    def _mixed(self, mass):
+        """Draw weights from ``p^alpha`` (numpy or torch): unchanged without
+        ``uniform_mix``, else ``(1 - u) p^alpha / sum + u / E`` over the drawable episodes
+        (``sum`` and ``E`` of the current sample)."""
+        u = self.uniform_mix
+        if u == 0.0:
+            return mass
+        total, count = self._mix
+        return (1.0 - u) * mass / total + u / count
 
     def _draw(self, pool: np.ndarray, length: np.ndarray, k: int) -> np.ndarray:
         assert self._mass is not None  # set by sample()

@@ -76,6 +76,28 @@ def test_importance_weights_match_a_hand_computation():
     assert len(starts.unique()) > 3
 
 
+@pytest.mark.parametrize("mix", [0.0, 0.5, 1.0])
+def test_uniform_mix_draws_and_weights(mix):
+    """With uniform_mix u: P(start i) = (1 - u) p_i^alpha / sum + u / N (chi-square within 6
+    sigma) and w_i = (P(i) / min_j P(j))^-beta, the same on every step of a slice."""
+    rb = buffer(30, alpha=1.0, beta=0.5, slice_len=4, uniform_mix=mix,
+                generator=torch.Generator().manual_seed(0))  # fmt: skip
+    rb.extend(steps(30))
+    p = torch.rand(27, generator=torch.Generator().manual_seed(1)).double() * 4 + 0.05
+    rb.update_priority(torch.arange(27), p)
+    draws = 60_000
+    sample = rb.sample(4 * draws)
+    starts = slice_starts(sample, 4)
+    prob = (1 - mix) * p / p.sum() + mix / 27
+    counts = torch.bincount(starts, minlength=30).double()
+    chi2 = float(((counts[:27] - draws * prob) ** 2 / (draws * prob)).sum())
+    assert abs(chi2 - 26) < 6 * (2 * 26) ** 0.5
+    weight = sample["_weight"].view(-1, 4)
+    assert (weight == weight[:, :1]).all()
+    want = (prob / prob.min()) ** -0.5
+    torch.testing.assert_close(weight[:, 0].double(), want[starts], rtol=1e-6, atol=0)
+
+
 def test_new_data_gets_the_max_priority_and_overwritten_starts_drop_theirs():
     rb = buffer(10, slice_len=3)
     rb.extend(steps(10))  # starts 0 .. 7
@@ -240,6 +262,8 @@ def test_the_weight_and_index_reach_the_sample_and_info():
         ((10, 1.0, 1.0), {"dtype": torch.int64}, "dtype"),
         ((10, 1.0, 1.0), {"reduction": "sum"}, "reduction"),
         ((10, 1.0, 1.0), {"eta": 1.5}, "eta"),
+        ((10, 1.0, 1.0), {"uniform_mix": 1.5}, r"uniform_mix in \[0, 1\]"),
+        ((10, 1.0, 1.0), {"uniform_mix": True}, "uniform_mix"),
         ((10, 1.0, 1.0), {"strict_length": True, "pad_output": True}, "nothing to pad"),
         ((10, 1.0, 1.0), {"start": "stride", "start_stride": -2}, "start_stride"),
     ],

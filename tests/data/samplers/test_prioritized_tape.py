@@ -58,6 +58,29 @@ def test_importance_weights_match_a_hand_computation():
     assert (sample["_weight"][~real] == 0).all(), "padding weighs nothing"
 
 
+@pytest.mark.parametrize("mix", [0.5, 1.0])
+def test_uniform_mix_spreads_a_share_of_the_draws_evenly(mix):
+    """P(e) = (1 - u) p_e / sum + u / E for each tape's first draw (chi-square), and the
+    weights (P(e) / min P)^-beta follow that P."""
+    rb = buffer(1.0, beta=0.5, tapes=400, seed=3, uniform_mix=mix)
+    rb.extend(episodes_data(LENGTHS, extra=5))
+    priority = torch.tensor([1.0, 2, 3, 4, 5, 1, 2, 3, 4, 20])
+    rb.update_priority(STARTS, priority)
+    counts = torch.zeros(len(LENGTHS) + 1)
+    p = priority.double()
+    prob = (1 - mix) * p / p.sum() + mix / len(LENGTHS)
+    for _ in range(5):
+        sample = rb.sample()
+        first = sample["tid"].view(400, 12)[:, 0]
+        counts += torch.bincount(first, minlength=len(LENGTHS) + 1)
+        real = sample[MASK]
+        want = ((prob / prob.min()) ** -0.5)[sample["tid"][real]]
+        torch.testing.assert_close(sample["_weight"][real].double(), want, rtol=1e-6, atol=0)
+    expected = counts.sum() * prob
+    chi2 = float(((counts[:-1] - expected) ** 2 / expected).sum())
+    assert chi2 < 27.9  # 99.9% quantile of chi-square with 9 degrees of freedom
+
+
 def test_new_data_gets_the_max_priority_and_overwrites_drop_old_priorities():
     rb = buffer(capacity=20, frames=20)
     rb.extend(episodes_data([4, 6]))
@@ -109,6 +132,8 @@ def test_bad_arguments_and_updates_raise_clear_errors():
         PrioritizedTapeSampler(max_capacity=10, alpha=1.0, beta=1.0, eta=2.0)
     with pytest.raises(TypeError):
         PrioritizedTapeSampler(max_capacity=10, alpha=1.0, beta=1.0, weight="length")
+    with pytest.raises(ValueError, match=r"expected uniform_mix in \[0, 1\].*received -0.5"):
+        PrioritizedTapeSampler(max_capacity=10, alpha=1.0, beta=1.0, uniform_mix=-0.5)
     rb = buffer(capacity=50)
     rb.extend(episodes_data([3, 4]))
     with pytest.raises(ValueError, match="one priority per episode start"):
