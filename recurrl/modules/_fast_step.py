@@ -15,7 +15,8 @@ states are plain tensors of the expected shapes and dtypes, with:
   raises tensordict's own error;
 * one-layer networks stepped on ``[N, S]`` states with the reset applied there
   (:func:`~recurrl.functional.recurrent.step.single_layer_step`), without the
-  ``[N, 1, S]`` round trip of :func:`~recurrl.functional.recurrent.recurrent_step`;
+  ``[N, 1, S]`` round trip of :func:`~recurrl.functional.recurrent.recurrent_step` (an
+  unbatched env's ``[1, S]`` states are already the cell's shape: no reshape at all);
 * with ``recurrent_backend="cpp"``, a one-layer LSTM or GRU stepped by one C++ operator
   (:func:`~recurrl.functional.recurrent.cpp_step.cpp_step_fn`: reset, gates and new
   ``[N, 1, S]`` states in one call), where autograd need not record; the checked path calls
@@ -106,7 +107,8 @@ class StepPlan:
 
     def shapes(self, batch: torch.Size) -> tuple[Any, ...]:
         """For a batch size: the expected shapes of the input, ``is_init`` and the states,
-        ``N``, whether the batch is ``[N]``, and the shapes of the output and new states."""
+        ``N``, whether the batch is ``[N]``, the shapes of the output and new states, and
+        whether the batch is ``[]`` (an unbatched env)."""
         shapes = self.batches.get(batch)
         if shapes is None:
             cfg = self.cfg
@@ -119,6 +121,7 @@ class StepPlan:
                 len(batch) == 1,
                 (*batch, cfg.proj_size or cfg.hidden_size),
                 state_shapes,
+                len(batch) == 0,
             )
             self.batches[batch] = shapes
         return shapes
@@ -204,8 +207,24 @@ def _one_layer(
 ) -> tuple[Tensor, list[Tensor]]:  # fmt: skip
     """A one-layer step on ``[N, S]`` states: the reset mask ``[N, 1]`` broadcasts over the
     features, and the states need no ``[N, 1, S]`` round trip."""
-    _, _, state_shapes, n, flat, y_shape, out_shapes = shapes
+    _, _, state_shapes, n, flat, y_shape, out_shapes, unbatched = shapes
     cell = plan.cell
+    if unbatched and cell is not None:
+        # an unbatched env (one GymEnv): x [F], is_init [1] and states [1, S], whose layer
+        # dim is the cell's batch of one, so only x gains a dim and y loses one (the same
+        # operators as below, without the reshapes)
+        x = x.unsqueeze(0)
+        if cell is torch.lstm_cell:
+            h, c = states
+            if not is_init.is_cpu or is_init.item():
+                h, c = _reset(is_init, h), _reset(is_init, c)
+            h, c = cell(x, (h, c), *weights[: plan.params])
+            return h.squeeze(0), [h, c]
+        h = states[0]
+        if not is_init.is_cpu or is_init.item():
+            h = _reset(is_init, h)
+        h = cell(x, h, *weights[: plan.params])
+        return h.squeeze(0), [h]
     if flat and cell is not None:
         # the collector's [N] batch of a one-layer LSTM or GRU: the fewest operators, each
         # the one the general branch below runs (same numbers)
@@ -250,9 +269,12 @@ def _cpp(
     """The C++ step (``plan.cpp_step``): the reset, the gates and the new states in one
     operator; ``None`` where it cannot run (autograd would record, not CPU float32/float64):
     torch's cells run instead."""
-    _, _, state_shapes, n, flat, y_shape, out_shapes = shapes
+    _, _, state_shapes, n, flat, y_shape, out_shapes, unbatched = shapes
     if flat:  # [N, 1, S] states in and out
         return plan.cpp_step(x, states, is_init, weights)
+    if unbatched:  # [1, S] states and is_init [1]: already the operator's [n, S] and [n]
+        out = plan.cpp_step(x.unsqueeze(0), states, is_init, weights)
+        return None if out is None else (out[0].squeeze(0), out[1])
     x = x.reshape(n, x.shape[-1])
     states = [s.reshape(n, shape[-1]) for s, shape in zip(states, state_shapes)]
     out = plan.cpp_step(x, states, is_init.reshape(n), weights)
@@ -267,7 +289,7 @@ def _layers(
     states: list[Tensor], shapes: tuple[Any, ...],
 ) -> tuple[Tensor, list[Tensor]]:  # fmt: skip
     """A step of a stacked (or projected) network: :func:`recurrent_step` on ``[N, L, S]``."""
-    _, _, state_shapes, n, flat, y_shape, out_shapes = shapes
+    _, _, state_shapes, n, flat, y_shape, out_shapes, unbatched = shapes
     if not flat:
         x = x.reshape(n, x.shape[-1])
         states = [s.reshape(n, *shape[-2:]) for s, shape in zip(states, state_shapes)]

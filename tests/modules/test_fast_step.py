@@ -1,9 +1,9 @@
 """The sequential step's fast path (``recurrl/modules/_fast_step.py``) against its oracle.
 
 The oracle is the same module with ``_step_shortcuts`` off: every entry goes through the
-validating readers and is written with ``td.set``. Over random batch shapes ``[N]`` and
-``[N, M]``, reset patterns, cells, depths and key layouts, the two must leave identical
-TensorDicts (same entries, shapes, dtypes and values, bit for bit), and on every input the
+validating readers and is written with ``td.set``. Over random batch shapes ``[N]``,
+``[N, M]`` and ``[]`` (an unbatched env), reset patterns, cells, depths and key layouts,
+the two must leave identical TensorDicts (same entries, shapes, dtypes and values, bit for bit), and on every input the
 fast path declines (missing states, other dtypes or shapes, a locked or lazy TensorDict) they
 must raise the same error, or give the same result.
 """
@@ -127,7 +127,9 @@ def test_random_calls_match_the_oracle(seed):
         module.train()
     else:
         module.eval()
-    batch = rng.choice([(rng.randint(1, 6),), (rng.randint(1, 4), rng.randint(1, 3)), (0,)])
+    batch = rng.choice(
+        [(rng.randint(1, 6),), (rng.randint(1, 4), rng.randint(1, 3)), (0,), ()]
+    )  # () : an unbatched env
     td = _data(module, batch, _is_init(batch, rng))
     if rng.random() < 0.3:  # outputs of an earlier step already in the TensorDict
         td.set(("next", module.state_keys[0]), torch.zeros_like(td[module.state_keys[0]]))
@@ -369,15 +371,30 @@ def test_reset_gradient_equals_masked_fill():
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("reset", [False, True])
+def test_unbatched_env_steps_match_the_oracle(kind, reset):
+    # one GymEnv: batch [], x [F], is_init [1], states [1, S] (the layer dim only)
+    torch.manual_seed(0)
+    module = _module(kind, 1)
+    td = _data(module, (), torch.tensor([reset]))
+    assert td.get(module.state_keys[0]).shape == (1, H)
+    with torch.no_grad():
+        fast, slow, answered = _run_both(module, td)
+    assert answered
+    assert_identical(fast, slow)
+    assert fast.get(module.out_keys[0]).shape == (H,)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("seed", range(4))
-def test_reset_rows_with_nan_and_negative_zero_match_the_oracle(kind, dtype, seed):
+@pytest.mark.parametrize("batch", [(7,), ()], ids=["N", "unbatched"])
+def test_reset_rows_with_nan_and_negative_zero_match_the_oracle(kind, dtype, seed, batch):
     # the restarting rows' states are overwritten, whatever they hold (NaN, inf, -0.0)
     torch.manual_seed(seed)
     module = _module(kind, 1).to(dtype)
-    batch = (7,)
     is_init = torch.rand(*batch, 1) < 0.5
-    is_init[seed % 7] = True
+    is_init.view(-1)[seed % is_init.numel()] = True
     td = _data(module, batch, is_init, dtype=dtype)
     for key in module.state_keys:
         state = td.get(key)
@@ -414,7 +431,9 @@ def test_cpp_step_matches_the_oracle(seed):
     kind = rng.choice(["lstm", "gru"])
     dtype = rng.choice([torch.float32, torch.float64])
     module = _cpp_module(kind).to(dtype)
-    batch = rng.choice([(rng.randint(1, 9),), (rng.randint(1, 4), rng.randint(1, 3)), (0,)])
+    batch = rng.choice(
+        [(rng.randint(1, 9),), (rng.randint(1, 4), rng.randint(1, 3)), (0,), ()]
+    )
     is_init = _is_init(batch, rng)
     td = _data(module, batch, is_init, dtype=dtype)
     for key in module.state_keys:
