@@ -289,7 +289,7 @@ def _layers(
     states: list[Tensor], shapes: tuple[Any, ...],
 ) -> tuple[Tensor, list[Tensor]]:  # fmt: skip
     """A step of a stacked (or projected) network: :func:`recurrent_step` on ``[N, L, S]``."""
-    _, _, state_shapes, n, flat, y_shape, out_shapes, unbatched = shapes
+    _, _, state_shapes, n, flat, y_shape, out_shapes, _ = shapes
     if not flat:
         x = x.reshape(n, x.shape[-1])
         states = [s.reshape(n, *shape[-2:]) for s, shape in zip(states, state_shapes)]

@@ -3,9 +3,9 @@
 The oracle is the same module with ``_step_shortcuts`` off: every entry goes through the
 validating readers and is written with ``td.set``. Over random batch shapes ``[N]``,
 ``[N, M]`` and ``[]`` (an unbatched env), reset patterns, cells, depths and key layouts,
-the two must leave identical TensorDicts (same entries, shapes, dtypes and values, bit for bit), and on every input the
-fast path declines (missing states, other dtypes or shapes, a locked or lazy TensorDict) they
-must raise the same error, or give the same result.
+the two must leave identical TensorDicts (same entries, shapes, dtypes and values, bit for
+bit), and on every input the fast path declines (missing states, other dtypes or shapes, a
+locked or lazy TensorDict) they must raise the same error, or give the same result.
 """
 
 from __future__ import annotations
