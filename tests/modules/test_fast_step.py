@@ -431,9 +431,7 @@ def test_cpp_step_matches_the_oracle(seed):
     kind = rng.choice(["lstm", "gru"])
     dtype = rng.choice([torch.float32, torch.float64])
     module = _cpp_module(kind).to(dtype)
-    batch = rng.choice(
-        [(rng.randint(1, 9),), (rng.randint(1, 4), rng.randint(1, 3)), (0,), ()]
-    )
+    batch = rng.choice([(rng.randint(1, 9),), (rng.randint(1, 4), rng.randint(1, 3)), (0,), ()])
     is_init = _is_init(batch, rng)
     td = _data(module, batch, is_init, dtype=dtype)
     for key in module.state_keys:
