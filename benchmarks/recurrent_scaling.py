@@ -8,14 +8,16 @@ zeros stored at the restarts (what a collector stores) and random states at ever
 first step (a replayed slice). Candidates:
 
 * ``mingru/assoc``: minGRU through the ``assoc`` backend (the reset-aware chunked scan;
-  what ``auto`` picks for it);
+  what ``auto`` picks for it off CPU and where the C++ kernels cannot be built);
 * ``mingru/scan``: the same cell stepped one step at a time (the ``scan`` backend's autograd
   loop: the sequential baseline);
 * ``lru/assoc``: the LRU through the ``assoc`` backend (a complex chunked scan; what
-  ``auto`` picks for it), its state ``[Re h | Im h]`` random at row starts as the others';
+  ``auto`` picks for it off CPU), its state ``[Re h | Im h]`` random at row starts as the
+  others';
 * ``mingru/cpp`` and ``lru/cpp``: the same cells through the ``cpp`` backend (sequential
   C++ loops, ``recurrl/_ext/csrc/linear_scan.cpp``: one fused pass forward and one
-  backward); CPU only, left out where no C++ toolchain is found;
+  backward; what ``auto`` picks for them on CPU); CPU only, left out where no C++ toolchain
+  is found;
 * ``lstm/pad`` and ``gru/pad``: torch's fused LSTM/GRU on the pieces between resets (what
   ``auto`` picks for the LSTM on CPU); ``gru/scan``: the GRU's hand-written fused loop (what
   ``auto`` picks for the GRU on CPU).

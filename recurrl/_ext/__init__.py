@@ -34,6 +34,7 @@ __all__ = [
     "extension_unavailable_reason",
     "load_extension",
     "source_files",
+    "try_load_extension",
 ]
 
 #: The name of the compiled library (and of torch's extension).
@@ -42,6 +43,7 @@ _CSRC = Path(__file__).resolve().parent / "csrc"
 _TAIL = 4000  # characters of the compiler's output kept in an error
 _lock = threading.Lock()
 _loaded = False
+_failure: str | None = None  # why try_load_extension failed (remembered for the process)
 # OpenMP where torch runs on it (Linux builds; torch's own libgomp serves the library): without
 # it at::parallel_for compiles to a serial loop and the kernels use one thread whatever
 # torch.get_num_threads() says.
@@ -154,3 +156,22 @@ def load_extension(verbose: bool = False) -> None:
                 f"Compiler output (tail):\n{tail}"
             ) from exc
         _loaded = True
+
+
+def try_load_extension() -> str | None:
+    """:func:`load_extension` for code that has a fallback: ``None`` once the extension is
+    loaded (compiling it the first time), else why it cannot be (no compiler, or the
+    build's error). A failure is remembered: later calls in the process return it at once
+    instead of building again."""
+    global _failure
+    if _loaded:
+        return None
+    if _failure is not None:
+        return _failure
+    try:
+        load_extension()
+    except RuntimeError as exc:
+        with _lock:
+            _failure = str(exc)
+        return _failure
+    return None

@@ -42,12 +42,14 @@ class LRUModule(_NativeNetwork, RecurrentModule):
 
     Args:
         bias: learn ``bias_ih_l{k}`` (on ``B x`` and ``D x``). Default: True.
-        recurrent_backend: ``"auto"`` (``"assoc"``), ``"assoc"`` (parallel scan),
+        recurrent_backend: ``"auto"`` (``"cpp"`` on CPU where recurrl's C++ kernels build,
+            else ``"assoc"``), ``"cpp"`` (fused C++ loop), ``"assoc"`` (parallel scan),
             ``"scan"`` (time loop) or ``"pad"`` (the network on the pieces between
             resets); all give the same numbers. ``"triton"`` refuses the cell.
             Default: "auto".
         recurrent_recompute: ``"none"`` or ``"full"`` (recompute activations in backward;
-            with ``"assoc"`` or ``"scan"``: ``"pad"`` and ``"auto"`` raise). Default: "none".
+            with ``"assoc"``, ``"scan"`` or ``"cpp"``: ``"pad"`` and ``"auto"`` raise).
+            Default: "none".
         r_min: the smallest initial ``|lambda|`` (the paper's ring initialisation).
             Default: 0.0.
         r_max: the largest initial ``|lambda|``; near 1 for long memories. Default: 1.0.

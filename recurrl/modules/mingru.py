@@ -46,12 +46,14 @@ class MinGRUModule(_NativeNetwork, RecurrentModule):
 
     Args:
         bias: learn ``bias_ih_l{k}`` (``b_z`` and ``b_h``). Default: True.
-        recurrent_backend: ``"auto"`` (``"assoc"``), ``"assoc"`` (parallel scan),
+        recurrent_backend: ``"auto"`` (``"cpp"`` on CPU where recurrl's C++ kernels build,
+            else ``"assoc"``), ``"cpp"`` (fused C++ loop), ``"assoc"`` (parallel scan),
             ``"scan"`` (time loop) or ``"pad"`` (the network on the pieces between
             resets); all give the same numbers. ``"triton"`` refuses the cell.
             Default: "auto".
         recurrent_recompute: ``"none"`` or ``"full"`` (recompute activations in backward;
-            with ``"assoc"`` or ``"scan"``: ``"pad"`` and ``"auto"`` raise). Default: "none".
+            with ``"assoc"``, ``"scan"`` or ``"cpp"``: ``"pad"`` and ``"auto"`` raise).
+            Default: "none".
 
     Keyword Args:
         in_key: the input key; the state key defaults to ``"recurrent_state"``. Exclusive

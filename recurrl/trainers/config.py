@@ -191,10 +191,11 @@ class ModelConfig:
     recurrent_backend: Literal["auto", "pad", "scan", "assoc", "cpp"] = "auto"
     """How the recurrent trunk runs a sequence with resets in training: pad (split at resets,
     torch's fused kernel), scan (time loop), assoc (parallel scan, linear cells: mingru and
-    lru only), cpp (scan's loop in C++ on CPU, compiled on first use; opt-in, `recurrl
-    build-ext` compiles ahead of time), or auto (the faster for the input: pad for the LSTM
-    and scan for the GRU on CPU; on CUDA triton for batches of >= 64 rows with restarts when
-    triton is installed, else pad; assoc for mingru and lru). All give the same numbers up to
+    lru only), cpp (scan's loop in C++ on CPU, compiled on first use; `recurrl build-ext`
+    compiles ahead of time), or auto (the faster for the input: pad for the LSTM and scan for
+    the GRU on CPU; on CUDA triton for batches of >= 16 rows with restarts when triton is
+    installed, else pad; for mingru and lru cpp on CPU where a C++ compiler is found, else
+    assoc). All give the same numbers up to
     float rounding (the default recipes hold under both, see benchmarks/learning/README.md), so a
     resumed run may change it."""
 

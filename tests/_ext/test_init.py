@@ -92,3 +92,20 @@ def test_load_registers_the_ops(capsys):
     assert hasattr(torch.ops.recurrl, "gru_scan_backward")
     assert ext_main.main([]) == 0
     assert "built and loaded from" in capsys.readouterr().out
+
+
+def test_try_load_returns_the_failure_once_and_remembers_it(monkeypatch):
+    calls = []
+
+    def failing_load():
+        calls.append(1)
+        raise RuntimeError("recurrl's C++ kernels cannot be built: no C++ compiler")
+
+    monkeypatch.setattr(_ext, "_loaded", False)
+    monkeypatch.setattr(_ext, "_failure", None)
+    monkeypatch.setattr(_ext, "load_extension", failing_load)
+    assert "no C++ compiler" in _ext.try_load_extension()
+    assert "no C++ compiler" in _ext.try_load_extension()
+    assert calls == [1]  # no second build attempt in the process
+    monkeypatch.setattr(_ext, "_loaded", True)
+    assert _ext.try_load_extension() is None

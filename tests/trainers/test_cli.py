@@ -397,7 +397,7 @@ def test_mingru_trains_with_the_parallel_scan_and_assoc_refuses_other_cells(tmp_
     cfg = parse_train("--memory", "mingru")
     net = ActorCritic(cfg.model, 2, 2)
     assert type(net.actor[0]).__name__ == "MinGRUModule"
-    assert net.actor[0].recurrent_backend == "auto"  # auto resolves to assoc for mingru
+    assert net.actor[0].recurrent_backend == "auto"  # auto: the C++ loop on CPU, else the scan
     run_dir = tmp_path / "mingru"
     lines = run_cli(capsys, "train", "--memory", "mingru", "--recurrent-backend", "assoc",
                     "--frames", "2000", "--run-dir", str(run_dir))  # fmt: skip

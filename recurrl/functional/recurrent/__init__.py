@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -31,6 +32,7 @@ from typing import Literal, Protocol
 import torch
 from torch import Tensor
 
+from recurrl import _ext
 from recurrl.functional.precision import validate_recurrent_matmul_precision
 from recurrl.functional.recurrent.assoc import assoc_refuses, assoc_unroll
 from recurrl.functional.recurrent.cell import (
@@ -40,7 +42,13 @@ from recurrl.functional.recurrent.cell import (
     register_cell_kind,
 )
 from recurrl.functional.recurrent.config import LayerWeights, RNNConfig
-from recurrl.functional.recurrent.cpp import cpp_check, cpp_refuses, cpp_unroll
+from recurrl.functional.recurrent.cpp import (
+    CPP_DTYPES,
+    CPP_LAYERS,
+    cpp_check,
+    cpp_refuses,
+    cpp_unroll,
+)
 from recurrl.functional.recurrent.cpp_linear import CPP_LINEAR_LAYERS  # noqa: F401 (cpp layers)
 from recurrl.functional.recurrent.linear_cells import LinearCellKind
 from recurrl.functional.recurrent.lru import LRUKind  # registers "lru"
@@ -280,13 +288,16 @@ def resolve_backend(
     (it is the only backend without data-dependent shapes), ``pad`` on CUDA (cuDNN) and for
     the LSTM on CPU (oneDNN's fused LSTM on a few merged time windows), and ``scan`` for the GRU on
     CPU, where torch's GRU kernel pays a large fixed cost per time step that the fused scan
-    loop avoids. A linear-recurrent cell gets ``assoc`` (its parallel scan; ``scan`` under
-    ``torch.compile``/``vmap``), any other cell without a fused sequence operator ``scan``.
+    loop avoids. A linear-recurrent cell gets ``cpp`` on CPU (its fused C++ loop, 2.5-3x
+    faster than the parallel scan there; compiled on first use) where recurrl's C++ kernels
+    build, ``assoc`` (its parallel scan) on other devices and where they do not (with one
+    warning saying why), and ``scan`` under ``torch.compile``/``vmap``; any other cell
+    without a fused sequence operator gets ``scan``.
     On CUDA, given ``is_init``, ``auto`` picks ``triton`` where it was measured to beat
     ``pad`` (see :func:`auto_picks_triton`): an LSTM/GRU without projection, float32, at
-    least 64 rows, with a restart inside some row (without one, ``pad`` is a single cuDNN
-    call), and the ``triton`` package installed. The figures behind these choices are in
-    ``benchmarks/README.md``.
+    least :data:`AUTO_TRITON_MIN_ROWS` rows, with a restart inside some row (without one,
+    ``pad`` is a single cuDNN call), and the ``triton`` package installed. The figures
+    behind these choices are in ``benchmarks/README.md``.
 
     Examples:
         >>> import torch
@@ -294,7 +305,8 @@ def resolve_backend(
         'scan'
         >>> resolve_backend("pad", torch.zeros(1), python_based=True)
         'pad'
-        >>> resolve_backend("auto", torch.zeros(1), python_based=False, mode="mingru")
+        >>> resolve_backend("auto", torch.zeros(1, device="meta"), python_based=False,
+        ...                 mode="mingru")  # off CPU; on CPU 'cpp' where a compiler is found
         'assoc'
     """
     if backend != "auto":
@@ -302,8 +314,8 @@ def resolve_backend(
     if torch.compiler.is_compiling() or torch._C._functorch.is_batchedtensor(x):
         return "scan"
     kind = get_cell_kind(mode)
-    if isinstance(kind, LinearCellKind):  # python-native torch ops only, like scan
-        return "assoc"
+    if isinstance(kind, LinearCellKind):  # python_based asks nothing of these cells
+        return "cpp" if _auto_runs_cpp(kind, x) else "assoc"
     if python_based:
         return "scan"
     if not kind.has_fused_sequence:
@@ -317,6 +329,31 @@ def resolve_backend(
     if x.device.type == "cuda" or kind.auto_pad_on_cpu:
         return "pad"
     return "scan"
+
+
+_warned_no_cpp = False
+
+
+def _auto_runs_cpp(kind: CellKind, x: Tensor) -> bool:
+    """Whether ``auto`` runs the linear-recurrent cell ``kind`` on ``x`` by ``cpp``: on CPU,
+    in a dtype the kernels run, where recurrl's C++ kernels load (built the first time).
+    Where they cannot be built ``auto`` falls back to ``assoc`` and says so once."""
+    global _warned_no_cpp
+    if x.device.type != "cpu" or x.dtype not in CPP_DTYPES or kind.name not in CPP_LAYERS:
+        return False
+    failure = _ext.try_load_extension()
+    if failure is None:
+        return True
+    if not _warned_no_cpp:
+        _warned_no_cpp = True
+        warnings.warn(
+            f"recurrent_backend='auto' runs the {kind.name!r} cell on CPU by 'assoc' (its "
+            f"parallel scan, 2.5-3x slower there) instead of 'cpp': {failure.splitlines()[0]} "
+            f"Fix: install a C++ compiler and ninja for the faster loop, or pass "
+            f"recurrent_backend='assoc' to choose the scan and silence this warning.",
+            stacklevel=3,
+        )
+    return False
 
 
 #: The fewest rows (``N``) for which ``auto`` picks ``triton`` on CUDA: the smallest batch

@@ -3,6 +3,8 @@ the ``assoc`` backend refuses the other cells by name, and the others refuse min
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -186,10 +188,27 @@ def test_backends_refuse_by_name():
     check_recurrent_options("pad", "none", python_based=True, mode="mingru")  # its network
 
 
-def test_auto_picks_the_scan_for_linear_cells_only():
+def test_auto_picks_the_cpp_loop_or_the_scan_for_linear_cells_only(monkeypatch):
+    """On CPU ``auto`` runs a linear cell by its C++ loop where the kernels load, else by
+    the parallel scan with one warning; off CPU and in dtypes the kernels do not run, by the
+    scan."""
+    from recurrl import _ext
+    from recurrl.functional import recurrent
+
     x = torch.zeros(1)
-    assert resolve_backend("auto", x, python_based=False, mode="mingru") == "assoc"
-    assert resolve_backend("auto", x, python_based=True, mode="mingru") == "assoc"
+    monkeypatch.setattr(_ext, "try_load_extension", lambda: None)
+    assert resolve_backend("auto", x, python_based=False, mode="mingru") == "cpp"
+    assert resolve_backend("auto", x, python_based=True, mode="mingru") == "cpp"
+    assert resolve_backend("auto", x.half(), python_based=False, mode="mingru") == "assoc"
+    on_meta = torch.zeros(1, device="meta")
+    assert resolve_backend("auto", on_meta, python_based=False, mode="mingru") == "assoc"
+    monkeypatch.setattr(_ext, "try_load_extension", lambda: "no C++ compiler (g++/c++)\nmore")
+    monkeypatch.setattr(recurrent, "_warned_no_cpp", False)
+    with pytest.warns(UserWarning, match=r"'mingru' cell on CPU by 'assoc'.*no C\+\+ compiler"):
+        assert resolve_backend("auto", x, python_based=False, mode="mingru") == "assoc"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per process
+        assert resolve_backend("auto", x, python_based=False, mode="mingru") == "assoc"
     assert resolve_backend("auto", x, python_based=False, mode="lstm") == "pad"
     assert resolve_backend("auto", x, python_based=False, mode="gru") == "scan"
 

@@ -223,5 +223,5 @@ def test_backends_refuse_by_name_and_auto_picks_the_scan():
         check_recurrent_options("pad", "none", python_based=False, mode="lru")
     check_recurrent_options("pad", "none", python_based=True, mode="lru")  # its network
     check_recurrent_options("assoc", "full", python_based=True, mode="lru")
-    x = torch.zeros(1)
+    x = torch.zeros(1, device="meta")  # off CPU (on CPU: the C++ loop where it builds)
     assert resolve_backend("auto", x, python_based=True, mode="lru") == "assoc"
