@@ -49,6 +49,11 @@ class ReplayBuffer:
         collate_fn: callable applied to each sampled TensorDict (default: none).
         transform: callable applied to each sampled TensorDict after ``collate_fn``
             (not applied on ``extend``); more with :meth:`append_transform`.
+        generator: random generator the sampler draws from, instead of torch's global
+            one (default: the sampler's own, usually none: the global stream). Sampling
+            then leaves the global stream alone, so runs that differ only in their replay
+            draws share their network init and exploration noise; its state is saved with
+            the sampler's (:meth:`state_dict`). Also settable later with :meth:`set_rng`.
 
     Examples:
         >>> import torch
@@ -70,6 +75,7 @@ class ReplayBuffer:
         batch_size: int | None = None,
         collate_fn: Callable[[TensorDictBase], TensorDictBase] | None = None,
         transform: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        generator: torch.Generator | None = None,
     ) -> None:
         if not isinstance(storage, Storage):
             raise TypeError(
@@ -88,6 +94,46 @@ class ReplayBuffer:
         self._transforms: list[Callable[[TensorDictBase], TensorDictBase]] = []
         if transform is not None:
             self.append_transform(transform)
+        if generator is not None:
+            own = getattr(self.sampler, "generator", None)
+            if own is not None and own is not generator:
+                raise ValueError(
+                    f"{type(self).__name__}: expected one random generator, received "
+                    f"generator= and a {type(self.sampler).__name__} built with its own. Fix: "
+                    "pass the generator to only one of them."
+                )
+            self.set_rng(generator)
+
+    def set_rng(self, generator: torch.Generator) -> None:
+        """Make the sampler draw from ``generator`` (see ``generator`` in the class doc).
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from recurrl.data import LazyTensorStorage
+            >>> def buffer():
+            ...     rb = ReplayBuffer(storage=LazyTensorStorage(8), batch_size=3)
+            ...     rb.extend(TensorDict({"x": torch.arange(8)}, [8]))
+            ...     rb.set_rng(torch.Generator().manual_seed(0))
+            ...     return rb
+            >>> state = torch.get_rng_state()
+            >>> torch.equal(buffer().sample()["x"], buffer().sample()["x"])
+            True
+            >>> torch.equal(torch.get_rng_state(), state)  # the global stream untouched
+            True
+        """
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(
+                f"{type(self).__name__}.set_rng: expected a torch.Generator, received "
+                f"{type(generator).__name__}. Fix: torch.Generator().manual_seed(seed)."
+            )
+        if not hasattr(self.sampler, "generator"):
+            raise TypeError(
+                f"{type(self).__name__}.set_rng: the sampler {type(self.sampler).__name__} "
+                "has no generator attribute to set. Fix: derive it from "
+                "recurrl.data.samplers.Sampler, which draws from self.generator."
+            )
+        self.sampler.generator = generator
 
     # -- transforms ----------------------------------------------------------------------
     @property

@@ -170,24 +170,32 @@ def make_sampler(cfg: Any) -> SliceSampler | TapeSampler:
     ``cfg.tape_frames`` steps (episodes drawn by ``cfg.tape_weight`` or, prioritized, by
     priority; the one that does not fit cut at the budget).
 
+    With ``cfg.replay_seed`` set, the sampler draws from its own generator seeded with it
+    (else from torch's global stream).
+
     Examples:
         >>> from recurrl.trainers import DQNConfig
         >>> sampler = make_sampler(DQNConfig(sampler="tape", tape_frames=500))
         >>> type(sampler).__name__, sampler.tape_shape(1000), sampler.weight
         ('TapeSampler', (2, 500), 'uniform')
+        >>> make_sampler(DQNConfig(replay_seed=3)).generator.initial_seed()
+        3
     """
+    generator = None
+    if cfg.replay_seed is not None:
+        generator = torch.Generator().manual_seed(cfg.replay_seed)
     if cfg.sampler == "tape" and cfg.prioritized:  # beta=1: annealed by the trainer
         return PrioritizedTapeSampler(
             max_capacity=cfg.buffer_size, alpha=cfg.priority_alpha, beta=1.0,
             eta=cfg.priority_eta, uniform_mix=cfg.priority_uniform_mix,
-            frames_per_tape=cfg.tape_frames, num_tapes=cfg.num_tapes,
+            frames_per_tape=cfg.tape_frames, num_tapes=cfg.num_tapes, generator=generator,
         )  # fmt: skip
     if cfg.sampler == "tape":
         return TapeSampler(frames_per_tape=cfg.tape_frames, num_tapes=cfg.num_tapes,
-                           weight=cfg.tape_weight)  # fmt: skip
+                           weight=cfg.tape_weight, generator=generator)  # fmt: skip
     kwargs: dict[str, Any] = {
         "slice_len": cfg.slice_len, "strict_length": False, "min_slice_len": cfg.burn_in + 1,
-        "start": cfg.slice_start,
+        "start": cfg.slice_start, "generator": generator,
     }  # fmt: skip
     if not cfg.prioritized:
         return SliceSampler(**kwargs)
@@ -247,11 +255,14 @@ class DQNTrainer:
         # --collector ray: the buffer lives in a Ray actor and the workers write to it
         self.remote = cfg.env.collector == "ray"
         acting = self._make_policies()
+        # a Ray buffer actor seeds its sampler's generator itself: with the replay seed
+        extra = {"seed": d.replay_seed} if self.remote and d.replay_seed is not None else {}
         self.buffer = make_replay_buffer(
             cfg,
             storage=LazyTensorStorage(d.buffer_size),
             sampler=make_sampler(d),
             batch_size=d.batch_steps,
+            **extra,
         )
         self.collector = make_collector(
             cfg, self.env, acting, frames_per_batch=d.frames_per_batch,

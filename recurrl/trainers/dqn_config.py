@@ -162,6 +162,13 @@ class DQNConfig:
     """Where a replayed slice may start in a stored trajectory piece: any step, its first
     step only, or every (burn_in + train_len) // 2 steps (R2D2's half-overlapping
     sequences); see SliceSampler(start=)."""
+    replay_seed: int | None = None
+    """Seed of the replay sampler's own random generator (default: none, the sampler draws
+    from torch's global stream, as the network init and the exploration do, so two runs of
+    one seed whose replay differs, uniform or prioritized draws or another sampler, also
+    differ in their exploration noise). With it the sampler leaves that stream alone: such
+    runs share their init and exploration noise and differ only through their draws (a
+    paired comparison). Saved in checkpoints with the sampler's state."""
 
     def __post_init__(self) -> None:
         if self.sampler == "auto":
@@ -210,6 +217,12 @@ class DQNConfig:
         self._check_replay()
 
     def _check_replay(self) -> None:
+        seed = self.replay_seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(
+                f"DQNConfig: replay_seed must be an int >= 0 (or None: the global stream), "
+                f"received {seed!r}. Fix: --replay-seed 0."
+            )
         if self.priority_weight_norm not in ("global", "batch"):
             raise ValueError(
                 f"DQNConfig: priority_weight_norm must be global or batch, received "

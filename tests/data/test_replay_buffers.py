@@ -325,3 +325,56 @@ def test_priority_updates_reach_the_sampler():
     plain.extend(data)
     with pytest.raises(TypeError, match="keeps no priorities"):
         plain.update_tensordict_priority(sample.set("td_error", sample["loss_td"]))
+
+
+def _filled(sampler=None, **kwargs) -> ReplayBuffer:
+    rb = ReplayBuffer(storage=LazyTensorStorage(64), sampler=sampler, batch_size=8, **kwargs)
+    episode = torch.arange(64) // 16  # 4 trajectories, for the slice sampler
+    rb.extend(TensorDict({"x": torch.arange(64), "episode": episode}, [64]))
+    return rb
+
+
+@pytest.mark.parametrize("how", ["argument", "set_rng"])
+def test_a_dedicated_generator_draws_the_samples_and_spares_the_global_stream(how):
+    def buffer(seed):
+        if how == "argument":
+            return _filled(generator=torch.Generator().manual_seed(seed))
+        rb = _filled()
+        rb.set_rng(torch.Generator().manual_seed(seed))
+        return rb
+
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    first = [buffer(1).sample()["x"] for _ in range(2)]
+    assert torch.equal(first[0], first[1])  # the same seed, the same draws
+    assert not torch.equal(first[0], buffer(2).sample()["x"])
+    assert torch.equal(torch.get_rng_state(), state)  # the global stream was not drawn from
+
+
+def test_the_generator_state_travels_with_the_buffer_state():
+    rb = _filled(sampler=SliceSampler(slice_len=4), generator=torch.Generator().manual_seed(3))
+    rb.sample()
+    state = rb.state_dict()
+    expected = rb.sample()["x"]
+    other = _filled(sampler=SliceSampler(slice_len=4), generator=torch.Generator().manual_seed(9))
+    other.load_state_dict(state)
+    assert torch.equal(other.sample()["x"], expected)
+
+
+def test_generator_errors_say_what_to_do():
+    own = RandomSampler(generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"one random generator.*pass the generator to only one"):
+        _filled(sampler=own, generator=torch.Generator())
+    _filled(sampler=own, generator=own.generator)  # the same one twice is no conflict
+    with pytest.raises(TypeError, match=r"expected a torch.Generator, received int.*manual_seed"):
+        _filled().set_rng(0)
+
+    class Plain:  # a sampler-like object without a generator
+        def sample(self, storage, batch_size):
+            return torch.zeros(batch_size, dtype=torch.long), {}
+
+        def extend(self, *args):
+            pass
+
+    with pytest.raises(TypeError, match="has no generator attribute"):
+        _filled(sampler=Plain(), generator=torch.Generator())

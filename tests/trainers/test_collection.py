@@ -148,6 +148,17 @@ def test_dqn_workers_write_into_the_ray_replay_buffer(ray_session, tmp_path, cap
     assert [int(r["frames"]) for r in read_metrics(run_dir)][-2:] == [320, 384]
 
 
+def test_the_ray_buffer_actor_draws_from_the_replay_seed(ray_session, tmp_path):
+    cfg = parse_train(*DQN_TINY, *RAY, "--replay-seed", "5", "--run-dir", str(tmp_path / "r"))
+    trainer = DQNTrainer(cfg)
+    try:
+        state = trainer.buffer.state_dict()["sampler"]["generator"]
+        assert torch.equal(state, torch.Generator().manual_seed(5).get_state())
+    finally:
+        trainer.collector.shutdown()
+        trainer.buffer.shutdown()
+
+
 def test_apex_ray_workers_keep_their_own_epsilon_through_weight_syncs(
     ray_session, tmp_path, capsys
 ):

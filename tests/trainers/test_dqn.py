@@ -251,3 +251,41 @@ def test_anneal_lr_decays_linearly_with_the_frames_done_and_is_off_by_default(tm
     lr = cfg.dqn.lr
     expected = [(f, lr * (1 - (f - 64) / 256)) for f in (128, 192, 256)]
     assert seen == [(f, pytest.approx(v)) for f, v in expected]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["--sampler", "tape", "--burn-in", "0"], ["--prioritized", "--priority-alpha", "0"]],
+)
+def test_replay_seed_gives_every_sampler_its_own_generator(argv, tmp_path):
+    trainer = DQNTrainer(parse_train(*TINY, *argv, "--replay-seed", "7",
+                                     "--run-dir", str(tmp_path)))  # fmt: skip
+    assert trainer.buffer.sampler.generator.initial_seed() == 7
+    trainer.collector.shutdown()
+    trainer = DQNTrainer(parse_train(*TINY, *argv, "--run-dir", str(tmp_path / "b")))
+    assert trainer.buffer.sampler.generator is None  # default: torch's global stream
+    trainer.collector.shutdown()
+
+
+def _global_stream_after_training(tmp_path, *argv: str) -> torch.Tensor:
+    trainer = DQNTrainer(parse_train(*TINY, *argv, "--run-dir", str(tmp_path)))
+    trainer.train()  # 256 frames: updates from 128 on
+    return torch.get_rng_state()
+
+
+def test_with_a_replay_seed_runs_that_differ_in_their_draws_share_the_global_stream(tmp_path):
+    """Uniform slices (``randint``) and prioritized ones (``rand``) take different amounts of
+    the global stream; with ``--replay-seed`` neither takes any, so the two runs' init and
+    exploration noise stay the same (a paired comparison)."""
+    prio = ["--prioritized", "--priority-alpha", "0"]
+    shared = [_global_stream_after_training(tmp_path / name, *extra, "--replay-seed", "3")
+              for name, extra in (("u", []), ("p", prio))]  # fmt: skip
+    assert torch.equal(shared[0], shared[1])
+    apart = [_global_stream_after_training(tmp_path / name, *extra)
+             for name, extra in (("u0", []), ("p0", prio))]  # fmt: skip
+    assert not torch.equal(apart[0], apart[1])  # without it the draws move the stream
+
+
+def test_resume_replays_the_uninterrupted_run_with_a_replay_seed(tmp_path, capsys):
+    argv = [*TINY, "--replay-seed", "5", "--checkpoint-every", "128"]
+    check_resume_replays(capsys, tmp_path, argv, DQNTrainer, stop_after=128)

@@ -21,6 +21,8 @@ def test_one_class_under_every_import_path_with_its_help_texts():
         ({"apex_epsilon": 0.0}, r"apex_epsilon must be in \(0, 1\]"),
         ({"priority_alpha": -1.0}, "priority_alpha must be >= 0"),
         ({"slice_start": "middle"}, "slice_start must be any, trajectory or stride"),
+        ({"replay_seed": -1}, r"replay_seed must be an int >= 0.*--replay-seed 0"),
+        ({"replay_seed": 1.5}, "replay_seed must be an int >= 0"),
     ],
 )
 def test_bad_values_are_refused_with_the_fix(changes, message):
