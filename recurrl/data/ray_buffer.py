@@ -93,8 +93,9 @@ class RayReplayBuffer:
         collate_fn: applied to each sample, in the actor.
         transform: applied to each sample after ``collate_fn``, on the caller's side.
         seed: seeds the actor's random generators (torch's global one, which samplers use
-            by default, and the sampler's own ``generator`` if it has one). ``None``: a
-            non-deterministic seed.
+            by default, and the sampler's own ``generator`` if it has one). ``None``: the
+            global one gets a non-deterministic seed and a sampler's own ``generator``
+            keeps the state it was built with (it travels with the pickled sampler).
         ray_init_config: ``ray.init`` arguments, used only if Ray is not initialized.
         remote_config: actor options (``num_cpus``, ``resources``, ``name``, ...).
         timeout: seconds to wait for each call to the actor (> 0).
@@ -331,7 +332,10 @@ class _BufferActor:
 
     def build(self, kwargs: dict, seed: int | None) -> None:
         self.buffer = TensorDictReplayBuffer(**kwargs)
-        self.set_seed(torch.seed() if seed is None else seed)
+        if seed is None:
+            torch.seed()  # the actor's global stream only: a sampler's own generator came seeded
+        else:
+            self.set_seed(seed)
 
     def set_seed(self, seed: int) -> None:
         torch.manual_seed(seed)

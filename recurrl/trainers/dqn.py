@@ -255,14 +255,11 @@ class DQNTrainer:
         # --collector ray: the buffer lives in a Ray actor and the workers write to it
         self.remote = cfg.env.collector == "ray"
         acting = self._make_policies()
-        # a Ray buffer actor seeds its sampler's generator itself: with the replay seed
-        extra = {"seed": d.replay_seed} if self.remote and d.replay_seed is not None else {}
         self.buffer = make_replay_buffer(
             cfg,
             storage=LazyTensorStorage(d.buffer_size),
             sampler=make_sampler(d),
             batch_size=d.batch_steps,
-            **extra,
         )
         self.collector = make_collector(
             cfg, self.env, acting, frames_per_batch=d.frames_per_batch,

@@ -402,3 +402,26 @@ def test_ray_is_started_locally_unless_an_address_is_given(monkeypatch):
         "include_dashboard": True, "num_cpus": 2, "address": "local"}  # fmt: skip
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     assert "address" not in _init_kwargs(None)  # Ray reads RAY_ADDRESS itself
+
+
+def test_a_sampler_generator_reaches_the_actor_as_built_without_a_seed(ray_session):
+    """``seed=None`` seeds only the actor's global stream: a sampler's own generator keeps
+    its state, so the remote draws equal a local buffer's with the same generator."""
+    from recurrl.data import RayReplayBuffer
+
+    def make(buffer_cls, **extra):
+        return buffer_cls(storage=LazyTensorStorage(64), batch_size=8,
+                          sampler=RandomSampler(generator=torch.Generator().manual_seed(5)),
+                          **extra)  # fmt: skip
+
+    data = TensorDict({"x": torch.arange(64)}, [64])
+    local = make(TensorDictReplayBuffer)
+    local.extend(data)
+    remote = make(RayReplayBuffer, ray_init_config={"num_cpus": 1})
+    try:
+        state = remote.state_dict()["sampler"]["generator"]
+        assert torch.equal(state, torch.Generator().manual_seed(5).get_state())
+        remote.extend(data)
+        assert torch.equal(remote.sample()["x"], local.sample()["x"])
+    finally:
+        remote.shutdown()
