@@ -4,10 +4,11 @@ Every ``csrc/*.cpp`` file registers its operators with ``TORCH_LIBRARY_FRAGMENT(
 :func:`load_extension` compiles them all into one shared library with
 :func:`torch.utils.cpp_extension.load` (needs a C++ compiler and ``ninja``), after which they
 are ``torch.ops.recurrl.<name>``. The build directory is ``$RECURRL_EXT_DIR`` when set, else
-``~/.cache/recurrl/ext/<torch version>-<hash of the sources>`` (``csrc/*.cpp``, ``csrc/*.h``
-and the compiler flags): a change of torch or of the sources builds afresh, anything else
-reuses the library. ``python -m recurrl._ext`` (or ``recurrl build-ext``) compiles ahead of
-time.
+``~/.cache/recurrl/ext/<torch version>-<hash of the sources>`` (``csrc/*.cpp``, ``csrc/*.h``,
+their folder and the compiler flags): a change of torch or of the sources builds afresh, and
+each copy of recurrl (two checkouts, say) has a build of its own, anything else reuses the
+library (loading a built one takes ~0.2 s). ``python -m recurrl._ext`` (or ``recurrl
+build-ext``) compiles ahead of time.
 
 Examples:
     >>> from recurrl._ext import extension_unavailable_reason
@@ -59,6 +60,12 @@ def source_files() -> list[Path]:
 
 def _sources_hash(sources: list[Path]) -> str:
     digest = hashlib.sha256(" ".join(_CFLAGS + _LDFLAGS).encode())
+    # the folders too: torch's build file names the sources by path, so two copies of the
+    # same sources (two checkouts, an installed and an editable copy) sharing one build
+    # directory would rebuild it every time the other one loads
+    for folder in sorted({str(path.resolve().parent) for path in sources}):
+        digest.update(folder.encode())
+        digest.update(b"\0")
     for path in [*sources, *sorted(_CSRC.glob("*.h"))]:  # the headers they include too
         digest.update(path.name.encode())
         digest.update(b"\0")

@@ -43,6 +43,17 @@ def test_build_directory_follows_the_sources(tmp_path, monkeypatch):
     assert _ext.build_directory([src]) == tmp_path / "here"
 
 
+def test_each_copy_of_the_sources_builds_apart(tmp_path, monkeypatch):
+    """torch's build file names the sources by path: two copies sharing a directory would
+    rebuild it whenever the other one loads."""
+    monkeypatch.delenv("RECURRL_EXT_DIR", raising=False)
+    copies = [tmp_path / "one" / "a.cpp", tmp_path / "two" / "a.cpp"]
+    for src in copies:
+        src.parent.mkdir()
+        src.write_text("int a;")
+    assert _ext.build_directory([copies[0]]) != _ext.build_directory([copies[1]])
+
+
 def test_build_directory_follows_the_headers(tmp_path, monkeypatch):
     """A header is compiled into every source that includes it: a change builds afresh."""
     monkeypatch.delenv("RECURRL_EXT_DIR", raising=False)
