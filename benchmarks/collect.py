@@ -14,7 +14,9 @@ The ``cpp`` line is a third collector, timed in the same interleaved rounds, who
 ``LSTMModule`` is built with ``recurrent_backend="cpp"`` (same weights): its acting step is one
 C++ operator (``recurrl/functional/recurrent/cpp_step.py``). It is left out, with the reason,
 where the C++ extension cannot be built, with ``--python-based`` and off CPU (the operator
-steps CPU modules built on torch's LSTM only).
+steps CPU modules built on torch's LSTM only). A module built with
+``recurrent_backend="auto"`` (what ``recurrl train`` builds) steps through the same operator
+on CPU where the extension builds: the ``cpp`` line is its figure too.
 
 Run: ``python benchmarks/collect.py [--quick] [--threads N] [--envs 1 8] [--device cuda]
 [--cpu-time] [--rounds R]``

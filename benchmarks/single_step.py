@@ -9,7 +9,9 @@ modules then skip the masking).
 
 The ``cpp`` column is the same module built with ``recurrent_backend="cpp"``, whose step is
 one C++ operator (``recurrl/functional/recurrent/cpp_step.py``: reset, gates and new states);
-it is left out, with the reason, where the C++ extension cannot be built.
+it is left out, with the reason, where the C++ extension cannot be built. A CPU module built
+with ``recurrent_backend="auto"`` (what ``recurrl train`` builds) steps through the same
+operator where the extension builds: the ``cpp`` column is its figure too.
 
 Run: ``python benchmarks/single_step.py [--threads N] [--clock thread]``
 

@@ -17,7 +17,8 @@ states are plain tensors of the expected shapes and dtypes, with:
   (:func:`~recurrl.functional.recurrent.step.single_layer_step`), without the
   ``[N, 1, S]`` round trip of :func:`~recurrl.functional.recurrent.recurrent_step` (an
   unbatched env's ``[1, S]`` states are already the cell's shape: no reshape at all);
-* with ``recurrent_backend="cpp"``, a one-layer LSTM or GRU stepped by one C++ operator
+* with ``recurrent_backend="cpp"`` (and ``"auto"`` on CPU where recurrl's C++ kernels
+  load), a one-layer LSTM or GRU stepped by one C++ operator
   (:func:`~recurrl.functional.recurrent.cpp_step.cpp_step_fn`: reset, gates and new
   ``[N, 1, S]`` states in one call), where autograd need not record; the checked path calls
   the same step.
@@ -36,7 +37,7 @@ import torch
 from tensordict import TensorDict
 from torch import Tensor
 
-from recurrl.functional.recurrent import RNNConfig, recurrent_step
+from recurrl.functional.recurrent import RNNConfig, auto_step_runs_cpp, recurrent_step
 from recurrl.functional.recurrent.cell import GRUKind, LSTMKind
 from recurrl.functional.recurrent.cpp_step import cpp_step_fn
 from recurrl.functional.recurrent.step import single_layer_step
@@ -97,11 +98,17 @@ class StepPlan:
                 self.cell = torch.lstm_cell
             elif type(self.kind) is GRUKind:
                 self.cell = torch.gru_cell
-        #: the C++ step of a one-layer LSTM/GRU with ``recurrent_backend="cpp"`` (opt-in; it
-        #: rounds as the cpp scan does, not as torch's cells), else ``None``
+        #: the C++ step of a one-layer LSTM/GRU with ``recurrent_backend="cpp"``, and with
+        #: ``"auto"`` for a CPU float32/float64 module where the kernels load (it rounds as
+        #: the cpp scan does, not as torch's cells), else ``None``
         self.cpp_step = None
-        if self.options.backend == "cpp" and not self.python_based:
+        backend = self.options.backend
+        if backend == "cpp" and not self.python_based:
             self.cpp_step = cpp_step_fn(cfg)
+        elif backend == "auto" and self.single_layer and self.fused:
+            weight = module._flat_weights()[0]
+            if auto_step_runs_cpp(cfg.mode, weight.device, weight.dtype):
+                self.cpp_step = cpp_step_fn(cfg, eager_only=True)
         #: per batch size, see :meth:`shapes`
         self.batches: dict[torch.Size, tuple[Any, ...]] = {}
 

@@ -83,9 +83,10 @@ def _check_auto_recompute(name: str, backend: str, recompute: str) -> None:
         raise ValueError(
             f"{name}: recurrent_recompute='full' cannot be combined with "
             f"recurrent_backend='auto': auto picks 'pad' (torch's fused kernels, which keep "
-            f"their own activations for backward) on CUDA and for the LSTM on CPU, where "
-            f"nothing would be recomputed. Fix: recurrent_backend='scan' (or 'triton' on a "
-            f"GPU) with recurrent_recompute='full', or keep 'auto' with "
+            f"their own activations for backward) on CUDA, and for the LSTM on CPU on batches "
+            f"without a restart inside a row or where recurrl's C++ kernels do not build, "
+            f"where nothing would be recomputed. Fix: recurrent_backend='scan' or 'cpp' (or "
+            f"'triton' on a GPU) with recurrent_recompute='full', or keep 'auto' with "
             f"recurrent_recompute='none'."
         )
 
@@ -124,9 +125,11 @@ class RecurrentModule(CheckedReaders, TensorDictModuleBase):
         recurrent_backend: how recurrent mode handles resets: ``"pad"`` (split at resets, run
             torch's fused kernel on the pieces), ``"scan"`` (time loop with ``where``),
             ``"triton"`` (GPU kernel), ``"cpp"`` (scan's loop in C++ on CPU, compiled on
-            first use; opt-in; a one-layer network's sequential step then runs in C++ too,
-            where autograd does not record) or ``"auto"`` (the fastest for the input among
-            pad, scan and triton; see ``docs/implementation_details.md``). All give the same
+            first use; a one-layer network's sequential step then runs in C++ too, where
+            autograd does not record) or ``"auto"`` (the fastest for the input: ``cpp`` on
+            CPU where it builds, for the LSTM on batches with a restart inside a row, else
+            ``pad`` or ``scan``; ``pad`` or ``triton`` on CUDA; see
+            :func:`~recurrl.functional.recurrent.resolve_backend`). All give the same
             numbers up to float rounding. Default: "pad".
         recurrent_compute_dtype: dtype of the ``triton`` backend's recurrent matmul
             (``torch.float32`` or ``torch.bfloat16``). Default: ``torch.float32``.

@@ -192,12 +192,13 @@ class ModelConfig:
     """How the recurrent trunk runs a sequence with resets in training: pad (split at resets,
     torch's fused kernel), scan (time loop), assoc (parallel scan, linear cells: mingru and
     lru only), cpp (scan's loop in C++ on CPU, compiled on first use; `recurrl build-ext`
-    compiles ahead of time), or auto (the faster for the input: pad for the LSTM and scan for
-    the GRU on CPU; on CUDA triton for batches of >= 16 rows with restarts when triton is
-    installed, else pad; for mingru and lru cpp on CPU where a C++ compiler is found, else
-    assoc). All give the same numbers up to
-    float rounding (the default recipes hold under both, see benchmarks/learning/README.md), so a
-    resumed run may change it."""
+    compiles ahead of time), or auto (the faster for the input: on CPU cpp where a C++
+    compiler is found, for the LSTM on batches with a restart inside a row and pad on the
+    others, else pad for the LSTM, scan for the GRU and assoc for mingru and lru; on CUDA
+    triton for batches of >= 16 rows with restarts when triton is installed, else pad, and
+    assoc for mingru and lru). All give the same numbers up to float rounding (the default
+    recipes are measured under several, see benchmarks/learning/README.md), so a resumed run
+    may change it."""
 
     def __post_init__(self) -> None:
         finite(self)

@@ -538,3 +538,65 @@ def test_cpp_stacked_networks_step_with_torch_cells(kind):
     assert answered and module._step_plan.cpp_step is None
     assert_identical(fast, slow)
     assert_identical(fast, expected)
+
+
+# ----------------------------------------------------------------- recurrent_backend="auto"
+def _agrees_with(module, reference, td):
+    """Fast and checked path identical, and identical to ``reference``'s (same weights)
+    result, under ``no_grad``; returns the module's step plan."""
+    reference.load_state_dict(module.state_dict())
+    with torch.no_grad():
+        fast, slow, answered = _run_both(module, td)
+        expected = reference(td.clone())
+    assert answered
+    assert_identical(fast, slow)
+    assert_identical(fast, expected)
+    return module._step_plan
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.usefixtures("cpp_extension")
+def test_auto_steps_as_cpp_on_cpu(kind, dtype):
+    """Where the kernels load, an ``auto`` module on CPU steps by the C++ operator: the
+    TensorDicts of a ``cpp`` module with the same weights, bit for bit, on both paths."""
+    torch.manual_seed(2)
+    module = MODULES[kind](F_IN, H, in_key="x", out_key="y", recurrent_backend="auto").to(dtype)
+    td = _data(module, (4,), torch.tensor([[True], [False], [True], [False]]), dtype=dtype)
+    assert _agrees_with(module, _cpp_module(kind).to(dtype), td).cpp_step is not None
+
+
+@pytest.mark.usefixtures("cpp_extension")
+def test_auto_step_gives_way_to_torch_cells_under_compile_and_vmap(monkeypatch):
+    """The ``auto`` step declines where its operator cannot be traced (``torch.compile``,
+    ``vmap``): torch's cells run, bit for bit the default backend's."""
+    import recurrl.functional.recurrent.cpp_step as cpp_step_module
+
+    module = LSTMModule(F_IN, H, in_key="x", out_key="y", recurrent_backend="auto")
+    td = _data(module, (3,), torch.tensor([[True], [False], [False]]))
+    monkeypatch.setattr(cpp_step_module, "_compiling", lambda: True)
+    assert _agrees_with(module, _module("lstm", 1), td).cpp_step is not None
+    monkeypatch.setattr(cpp_step_module, "_compiling", lambda: False)
+    monkeypatch.setattr(cpp_step_module, "_batched", lambda x: True)
+    assert _agrees_with(module, _module("lstm", 1), td).cpp_step is not None
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_auto_steps_with_torch_cells_without_the_kernels(kind, monkeypatch):
+    """Where the kernels cannot be built, ``auto`` steps with torch's cells (the default
+    backend's TensorDicts, bit for bit), after one warning saying why."""
+    from recurrl import _ext
+    from recurrl.functional import recurrent
+
+    monkeypatch.setattr(_ext, "try_load_extension", lambda: "no C++ compiler (g++/c++)")
+    monkeypatch.setattr(recurrent, "_warned_no_cpp", False)
+    module = MODULES[kind](F_IN, H, in_key="x", out_key="y", recurrent_backend="auto")
+    reference = _module(kind, 1)
+    reference.load_state_dict(module.state_dict())
+    td = _data(module, (3,), torch.tensor([[True], [False], [False]]))
+    with torch.no_grad(), pytest.warns(UserWarning, match="instead of 'cpp'"):
+        fast = module(td.clone())
+    with torch.no_grad():
+        expected = reference(td.clone())
+    assert module._step_plan.cpp_step is None
+    assert_identical(fast, expected)

@@ -380,7 +380,7 @@ def test_recurrent_backend_reaches_the_recurrent_trunks(capsys):
     from recurrl.trainers.dqn import QNetwork
     from recurrl.trainers.models import ActorCritic
 
-    assert parse_train().model.recurrent_backend == "auto"  # pad for the LSTM, scan for the GRU
+    assert parse_train().model.recurrent_backend == "auto"  # cpp on CPU where it builds
     cfg = parse_train("--recurrent-backend", "scan", "--memory", "gru")
     net = ActorCritic(cfg.model, 2, 2)
     assert net.actor[0].recurrent_backend == net.critic[0].recurrent_backend == "scan"

@@ -11,9 +11,9 @@ Semantics shared by every backend (the recurrent-mode contract of recurrl):
 Backends (:data:`RECURRENT_BACKEND_REGISTRY`): ``"pad"`` (split at resets, torch's fused
 kernels), ``"scan"`` (time loop with ``where``), ``"triton"`` (GPU kernel; see
 :func:`triton_unavailable_reason`), ``"assoc"`` (reset-aware parallel scan, linear-recurrent
-cells only), ``"cpp"`` (scan's fused loops in C++, CPU, compiled on first use; opt-in, see
-:mod:`~recurrl.functional.recurrent.cpp`) and ``"auto"``, which picks one of pad, scan,
-triton and assoc. Cells
+cells only), ``"cpp"`` (scan's fused loops in C++, CPU, compiled on first use, see
+:mod:`~recurrl.functional.recurrent.cpp`) and ``"auto"``, which picks one of them for the
+input (:func:`resolve_backend`). Cells
 (:mod:`~recurrl.functional.recurrent.cell`): ``"lstm"``, ``"gru"``, ``"mingru"``
 (:mod:`~recurrl.functional.recurrent.linear_cells`), ``"lru"``
 (:mod:`~recurrl.functional.recurrent.lru`) and any registered kind; each backend
@@ -81,6 +81,7 @@ __all__ = [
     "Runner",
     "TritonLaunch",
     "auto_picks_triton",
+    "auto_step_runs_cpp",
     "check_recurrent_options",
     "fused_runner",
     "get_cell_kind",
@@ -281,18 +282,23 @@ def resolve_backend(
     mode: str = "lstm",
     is_init: Tensor | None = None,
     proj_size: int = 0,
+    recompute: bool = False,
 ) -> str:
     """The concrete backend ``"auto"`` stands for on this input (others map to themselves).
 
     ``auto`` picks ``scan`` under ``torch.compile``/``vmap`` and for python-based modules
-    (it is the only backend without data-dependent shapes), ``pad`` on CUDA (cuDNN) and for
-    the LSTM on CPU (oneDNN's fused LSTM on a few merged time windows), and ``scan`` for the GRU on
-    CPU, where torch's GRU kernel pays a large fixed cost per time step that the fused scan
-    loop avoids. A linear-recurrent cell gets ``cpp`` on CPU (its fused C++ loop, 2.5-3x
-    faster than the parallel scan there; compiled on first use) where recurrl's C++ kernels
-    build, ``assoc`` (its parallel scan) on other devices and where they do not (with one
-    warning saying why), and ``scan`` under ``torch.compile``/``vmap``; any other cell
-    without a fused sequence operator gets ``scan``.
+    (it is the only backend without data-dependent shapes), and ``pad`` on CUDA (cuDNN).
+    On CPU, for float32/float64 inputs, where recurrl's C++ kernels build (compiled on first
+    use), it picks ``cpp``, their fused loop: for the GRU always (0.3-0.7x the cost of
+    torch's own GRU, whose kernel pays a large fixed cost per time step), for the LSTM when
+    some row restarts inside the batch or ``recompute`` is asked (1.2-1.3x plain
+    ``nn.LSTM`` against ``pad``'s 1.5-2x), and ``pad`` for an LSTM batch without a restart
+    inside a row, which is one call of oneDNN's fused LSTM. Where the kernels do not build,
+    or for other dtypes or a projection, the LSTM gets ``pad`` and the GRU ``scan`` (one
+    warning says why the kernels are missing). A linear-recurrent cell gets ``cpp`` on CPU
+    (2.5-3x faster than its parallel scan there) and ``assoc`` (the parallel scan) on other
+    devices and where the kernels do not build; any other cell without a fused sequence
+    operator gets ``scan``.
     On CUDA, given ``is_init``, ``auto`` picks ``triton`` where it was measured to beat
     ``pad`` (see :func:`auto_picks_triton`): an LSTM/GRU without projection, float32, at
     least :data:`AUTO_TRITON_MIN_ROWS` rows, with a restart inside some row (without one,
@@ -301,7 +307,8 @@ def resolve_backend(
 
     Examples:
         >>> import torch
-        >>> resolve_backend("auto", torch.zeros(1), python_based=False, mode="gru")
+        >>> resolve_backend("auto", torch.zeros(1, device="meta"), python_based=False,
+        ...                 mode="gru")  # off CPU and CUDA; on CPU 'cpp' where it builds
         'scan'
         >>> resolve_backend("pad", torch.zeros(1), python_based=True)
         'pad'
@@ -315,7 +322,7 @@ def resolve_backend(
         return "scan"
     kind = get_cell_kind(mode)
     if isinstance(kind, LinearCellKind):  # python_based asks nothing of these cells
-        return "cpp" if _auto_runs_cpp(kind, x) else "assoc"
+        return "cpp" if _auto_runs_cpp(kind, x.device, x.dtype, "assoc") else "assoc"
     if python_based:
         return "scan"
     if not kind.has_fused_sequence:
@@ -326,20 +333,37 @@ def resolve_backend(
         and auto_picks_triton(mode, x, is_init, proj_size=proj_size)
     ):
         return "triton"
-    if x.device.type == "cuda" or kind.auto_pad_on_cpu:
-        return "pad"
-    return "scan"
+    fallback = "pad" if x.device.type == "cuda" or kind.auto_pad_on_cpu else "scan"
+    if (
+        x.device.type == "cpu"
+        and not proj_size
+        and (
+            not kind.auto_pad_on_cpu  # the GRU: cpp on every batch
+            or recompute  # pad cannot recompute, cpp can
+            or is_init is None
+            or _restarts_inside(is_init)  # the LSTM: pad is one fused call without them
+        )
+        and _auto_runs_cpp(kind, x.device, x.dtype, fallback)
+    ):
+        return "cpp"
+    return fallback
+
+
+def _restarts_inside(is_init: Tensor) -> bool:
+    """Whether some row of ``is_init [..., T]`` restarts after its first step."""
+    return is_init.shape[-1] > 1 and bool(is_init[..., 1:].any())
 
 
 _warned_no_cpp = False
 
 
-def _auto_runs_cpp(kind: CellKind, x: Tensor) -> bool:
-    """Whether ``auto`` runs the linear-recurrent cell ``kind`` on ``x`` by ``cpp``: on CPU,
-    in a dtype the kernels run, where recurrl's C++ kernels load (built the first time).
-    Where they cannot be built ``auto`` falls back to ``assoc`` and says so once."""
+def _auto_runs_cpp(kind: CellKind, device: torch.device, dtype: torch.dtype, fallback: str) -> bool:
+    """Whether ``auto`` runs the cell ``kind`` on tensors of ``device`` and ``dtype`` by
+    ``cpp``: on CPU, in a dtype the kernels run, where recurrl's C++ kernels load (built the
+    first time). Where they cannot be built ``auto`` runs ``fallback`` and says so once per
+    process."""
     global _warned_no_cpp
-    if x.device.type != "cpu" or x.dtype not in CPP_DTYPES or kind.name not in CPP_LAYERS:
+    if device.type != "cpu" or dtype not in CPP_DTYPES or kind.name not in CPP_LAYERS:
         return False
     failure = _ext.try_load_extension()
     if failure is None:
@@ -347,13 +371,37 @@ def _auto_runs_cpp(kind: CellKind, x: Tensor) -> bool:
     if not _warned_no_cpp:
         _warned_no_cpp = True
         warnings.warn(
-            f"recurrent_backend='auto' runs the {kind.name!r} cell on CPU by 'assoc' (its "
-            f"parallel scan, 2.5-3x slower there) instead of 'cpp': {failure.splitlines()[0]} "
-            f"Fix: install a C++ compiler and ninja for the faster loop, or pass "
-            f"recurrent_backend='assoc' to choose the scan and silence this warning.",
+            f"recurrent_backend='auto' runs the {kind.name!r} cell on CPU by {fallback!r} "
+            f"instead of 'cpp' (recurrl's C++ loop, the faster one there): "
+            f"{failure.splitlines()[0]} Fix: install a C++ compiler and ninja for the faster "
+            f"loop, or pass recurrent_backend={fallback!r} to choose it and silence this "
+            f"warning.",
             stacklevel=3,
         )
     return False
+
+
+def auto_step_runs_cpp(
+    mode: str, device: torch.device, dtype: torch.dtype, *, python_based: bool = False
+) -> bool:
+    """Whether a module with ``recurrent_backend="auto"`` steps (sequential mode) a one-layer
+    ``mode`` cell without projection by the ``cpp`` backend's C++ step
+    (:mod:`~recurrl.functional.recurrent.cpp_step`): on CPU, float32/float64, an LSTM or GRU,
+    where recurrl's C++ kernels load; the numbers of one step of the ``cpp`` recurrent mode,
+    which ``auto`` runs on the same module's batches with restarts.
+
+    Examples:
+        >>> import torch
+        >>> auto_step_runs_cpp("gru", torch.device("meta"), torch.float32)  # CPU only
+        False
+    """
+    from recurrl.functional.recurrent.cpp_step import CPP_STEPS
+
+    if python_based or mode not in CPP_STEPS or torch.compiler.is_compiling():
+        return False
+    kind = get_cell_kind(mode)
+    fallback = "pad" if kind.auto_pad_on_cpu else "scan"
+    return _auto_runs_cpp(kind, torch.device(device), dtype, fallback)
 
 
 #: The fewest rows (``N``) for which ``auto`` picks ``triton`` on CUDA: the smallest batch
@@ -458,7 +506,7 @@ def recurrent_unroll(
         )
     name = resolve_backend(
         options.backend, x, python_based=python_based, mode=cfg.mode, is_init=is_init,
-        proj_size=cfg.proj_size,
+        proj_size=cfg.proj_size, recompute=options.recompute != "none",
     )  # fmt: skip
     entry = RECURRENT_BACKEND_REGISTRY[name]
     reason = _refusal(entry, cfg.kind, python_based)

@@ -9,8 +9,11 @@ and one matmul; the gradient of ``weight_hh`` is one matmul over all steps), as
 :mod:`~recurrl.functional.recurrent.scan`'s ``_LSTMScan``/``_GRUScan``, without Python's
 per-op dispatch.
 
-CPU only, float32 and float64, opt-in (``recurrent_backend="cpp"``; ``auto`` never picks it:
-its float32 exp/tanh round differently from torch's). The C++ code is compiled on first use
+CPU only, float32 and float64; what ``recurrent_backend="auto"`` runs on CPU where the
+kernels build (for the LSTM on batches with a restart inside a row; see
+:func:`~recurrl.functional.recurrent.resolve_backend`). Its float32 exp/tanh round
+differently from torch's: the same function, another rounding (the learning defaults are
+measured under it). The C++ code is compiled on first use
 (:func:`recurrl._ext.load_extension`, cached). Cell kinds run by the backend are the entries
 of :data:`CPP_LAYERS`; :func:`register_cpp_layer` adds one.
 

@@ -12,8 +12,10 @@ the shape they came in (``[N, H]`` or ``[N, 1, H]``).
 Inference only: the operators have no backward. :func:`cpp_step_fn` (what the modules call)
 returns ``None`` where autograd would record (grad mode on and an input or weight requiring
 grad), or the inputs are not CPU float32/float64, and the caller runs torch's cells instead.
-Opt-in with the rest of the backend (``recurrent_backend="cpp"``): the default backends keep
-torch's cells, bit for bit.
+Modules step by it with ``recurrent_backend="cpp"``, and with ``"auto"`` on CPU where the
+kernels load (:func:`~recurrl.functional.recurrent.auto_step_runs_cpp`; there the step also
+gives way to torch's cells under ``torch.compile`` and ``vmap``). Other backends step by
+torch's cells.
 
 Examples:
     >>> import torch
@@ -51,6 +53,8 @@ CPP_STEPS: dict[str, str] = {"lstm": "lstm_step", "gru": "gru_step"}
 CppStep = Callable[[Tensor, Sequence[Tensor], Tensor, Sequence[Tensor]], tuple | None]
 
 _F32, _F64 = CPP_DTYPES
+_compiling = torch.compiler.is_compiling
+_batched = torch._C._functorch.is_batchedtensor
 
 
 def _operator(kind: str):
@@ -119,15 +123,17 @@ def _records(x: Tensor, states: Sequence[Tensor], weights: Sequence[Tensor]) -> 
     )
 
 
-def cpp_step_fn(cfg: RNNConfig) -> CppStep | None:
+def cpp_step_fn(cfg: RNNConfig, *, eager_only: bool = False) -> CppStep | None:
     """The C++ step of the network ``cfg`` describes (:data:`CppStep`), or ``None`` when it has
     none (several layers, a projection, a kind outside :data:`CPP_STEPS`). Compiles the
     extension if it is not built yet.
 
     The step returns ``None`` where torch's cells must run instead: grad mode on with an
     input, a state or a weight requiring grad (no backward), or inputs that are not CPU
-    float32/float64 (sequential mode keeps working on any device and dtype). The modules'
-    fast and checked paths both call it, so they give the same numbers.
+    float32/float64 (sequential mode keeps working on any device and dtype), and with
+    ``eager_only`` (what ``recurrent_backend="auto"`` asks) under ``torch.compile`` or
+    ``vmap`` too. The modules' fast and checked paths both call it, so they give the same
+    numbers.
 
     Examples:
         >>> import torch
@@ -151,6 +157,8 @@ def cpp_step_fn(cfg: RNNConfig) -> CppStep | None:
     def step(x: Tensor, states: Sequence[Tensor], reset: Tensor, weights: Sequence[Tensor]):
         dtype = x.dtype
         if (dtype is not _F32 and dtype is not _F64) or not x.is_cpu:
+            return None
+        if eager_only and (_compiling() or _batched(x)):
             return None
         if torch.is_grad_enabled() and _records(x, states, weights[:params]):
             return None

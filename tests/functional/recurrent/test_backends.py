@@ -246,8 +246,14 @@ def test_unknown_backend_in_recurrent_unroll_is_named():
         )
 
 
-def test_recompute_is_refused_where_auto_runs_pad():
-    """``auto`` picks ``pad`` for a CPU LSTM, which cannot recompute: said, not ignored."""
+def test_recompute_is_refused_where_auto_runs_pad(monkeypatch):
+    """Without recurrl's C++ kernels ``auto`` picks ``pad`` for a CPU LSTM, which cannot
+    recompute: said, not ignored."""
+    from recurrl import _ext
+    from recurrl.functional import recurrent
+
+    monkeypatch.setattr(_ext, "try_load_extension", lambda: "no C++ compiler (g++/c++)")
+    monkeypatch.setattr(recurrent, "_warned_no_cpp", True)  # its warning is tested elsewhere
     problem = make_problem("lstm")
     assert resolve_backend("auto", problem.x, python_based=False, mode="lstm") == "pad"
     with pytest.raises(ValueError, match="runs as 'pad' here"):
@@ -296,7 +302,7 @@ def test_resolve_backend():
         assert resolve_backend(name, x, python_based=True) == name
     # python-based modules need the python-native scan; the rest is a speed choice
     assert resolve_backend("auto", x, python_based=True) == "scan"
-    assert resolve_backend("auto", x, python_based=False) in ("pad", "scan")
+    assert resolve_backend("auto", x, python_based=False) in ("pad", "scan", "cpp")
     # under vmap there is no data-dependent shape to split at: always the scan
     seen = []
 
@@ -446,7 +452,10 @@ def test_auto_picks_triton_only_where_it_was_measured_to_win(monkeypatch):
     monkeypatch.setattr(rec, "_triton_missing", lambda: True)
     assert not rec.auto_picks_triton("lstm", x, restart)  # the optional package is missing
     # on CPU auto never picks triton, whatever the batch
-    assert resolve_backend("auto", x, python_based=False, mode="lstm", is_init=restart) == "pad"
+    assert resolve_backend("auto", x, python_based=False, mode="lstm", is_init=restart) in (
+        "pad",
+        "cpp",
+    )
 
 
 @pytest.mark.parametrize("mode", ["lstm", "gru"])

@@ -4,6 +4,8 @@ NaN never crossing a reset; the modules; the refusals and the errors."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -248,14 +250,59 @@ def test_missing_compiler_is_a_clear_error(monkeypatch):
         cpp_unroll(p.cfg, p.weights, p.x, p.states, p.is_init)
 
 
-def test_auto_never_picks_cpp():
+def test_auto_picks_cpp_on_cpu_where_it_pays(monkeypatch):
+    """The rule: on CPU, float32/float64, where the kernels load, the GRU always and the LSTM
+    on batches with a restart inside a row (or asked to recompute); ``pad`` for an LSTM batch
+    that is one fused call; the old choices elsewhere, with one warning without kernels."""
+    from recurrl import _ext
+    from recurrl.functional import recurrent
     from recurrl.functional.recurrent import resolve_backend
 
-    for mode in ("lstm", "gru"):
-        assert resolve_backend("auto", torch.zeros(2, 3, 1), python_based=False, mode=mode) in (
-            "pad",
-            "scan",
-        )
+    def pick(mode, x, is_init=None, **kw):
+        return resolve_backend("auto", x, python_based=False, mode=mode, is_init=is_init, **kw)
+
+    x = torch.zeros(2, 3, 1)
+    none = torch.zeros(2, 3, dtype=torch.bool)
+    first = none.clone()
+    first[:, 0] = True  # step 0 starts from the stored state: no restart inside a row
+    inside = none.clone()
+    inside[1, 2] = True
+    monkeypatch.setattr(_ext, "try_load_extension", lambda: None)
+    assert pick("gru", x, none) == pick("gru", x, inside) == pick("gru", x) == "cpp"
+    assert pick("gru", x.double(), inside) == "cpp"
+    assert pick("lstm", x, inside) == pick("lstm", x.double(), inside) == "cpp"
+    assert pick("lstm", x, none) == pick("lstm", x, first) == "pad"  # one fused oneDNN call
+    assert pick("lstm", x, none, recompute=True) == "cpp"  # pad cannot recompute
+    assert pick("lstm", x, inside, proj_size=1) == "pad"  # no projection in the kernels
+    assert pick("gru", x.half(), inside) == "scan"
+    assert pick("lstm", x.half(), inside) == "pad"
+    assert pick("gru", torch.zeros(2, 3, 1, device="meta"), inside) == "scan"
+    assert resolve_backend("auto", x, python_based=True, mode="gru", is_init=inside) == "scan"
+    monkeypatch.setattr(_ext, "try_load_extension", lambda: "no C++ compiler (g++/c++)\nmore")
+    monkeypatch.setattr(recurrent, "_warned_no_cpp", False)
+    with pytest.warns(UserWarning, match=r"'gru' cell on CPU by 'scan'.*no C\+\+ compiler"):
+        assert pick("gru", x, inside) == "scan"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per process
+        assert pick("lstm", x, inside) == "pad"
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_auto_runs_the_cpp_numbers_on_cpu(mode):
+    """Where the kernels load, ``auto`` on a batch with restarts is ``cpp``, bit for bit
+    (outputs and gradients), and an LSTM batch without one is ``pad``'s."""
+
+    def by(backend):
+        def fn(cfg, w, x, states, is_init):
+            return recurrent_unroll(cfg, w, x, states, is_init, backend=backend, training=True)
+
+        return fn
+
+    for expected, p_init in (("cpp", 0.3), ("pad" if mode == "lstm" else "cpp", 0.0)):
+        p = make_problem(mode, seed=3, p_init=p_init)
+        assert p_init == 0.0 or p.is_init[:, 1:].any()
+        for got, want in zip(_run(by("auto"), p), _run(by(expected), p), strict=True):
+            assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
