@@ -200,6 +200,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         data["ppo"]["num_minibatches"] = None  # fitted to the batch's rows unless given
         data["dqn"]["burn_in"] = None  # the sampler's default (slice: 10, tape: 0) unless given
         data["dqn"]["sampler"] = "auto"  # slice if a slice-only option is given, else tape
+        data["dqn"]["priority_uniform_mix"] = None  # 0.5 with --prioritized, else 0
     options = vars(args)
     algo = options.get("algo", data["algo"])
     if saved and algo != saved["algo"]:  # before the merge: the sections would not fit

@@ -394,6 +394,7 @@ ALGOS = ("ppo", "dqn")
 SAVED_BEFORE: dict[tuple[str, str], Any] = {
     ("model", "recurrent_backend"): "pad",
     ("dqn", "sampler"): "slice",
+    ("dqn", "priority_uniform_mix"): 0.0,
 }
 #: ``EnvConfig.num_envs`` when it is None: the number each algorithm's recipe was tuned with
 DEFAULT_NUM_ENVS = {"ppo": 20, "dqn": 8}

@@ -81,7 +81,7 @@ def test_config_round_trips_and_old_files_load_with_uniform_replay(tmp_path, cap
     path = run_dir / "config.json"
     data = json.loads(path.read_text())
     new = ("prioritized", "priority_alpha", "priority_beta", "priority_eta", "value_rescale",
-           "slice_start", "burn_in_stop_gradient")  # fmt: skip
+           "slice_start", "burn_in_stop_gradient", "priority_uniform_mix")  # fmt: skip
     for name in new:
         del data["dqn"][name]
     path.write_text(json.dumps(data))
@@ -220,3 +220,21 @@ def test_ray_workers_and_remote_priorities(ray_session, tmp_path, capsys):
     priority = ckpt.load(run_dir)["extra"]["buffer"]["sampler"]["priority"]
     held = priority[:256]
     assert (held != 1.0).any() and torch.isfinite(held).all()
+
+
+def test_prioritized_mixes_half_uniform_unless_told(tmp_path):
+    """``--prioritized`` draws with half of the probability uniform by default (the setting
+    measured for both cells); ``--priority-uniform-mix 0`` draws by priority alone; without
+    ``--prioritized`` nothing is mixed; a saved run from before the option ran without."""
+    from recurrl.trainers.config import TrainConfig
+
+    assert parse_train(*TINY).dqn.priority_uniform_mix == 0.0
+    cfg = parse_train(*TINY, "--prioritized")
+    assert cfg.dqn.priority_uniform_mix == 0.5
+    assert DQNTrainer(cfg).buffer.sampler.uniform_mix == 0.5
+    alone = parse_train(*TINY, "--prioritized", "--priority-uniform-mix", "0")
+    assert DQNTrainer(alone).buffer.sampler.uniform_mix == 0.0
+    old = cfg.to_dict()
+    del old["dqn"]["priority_uniform_mix"]
+    assert TrainConfig.from_dict(old, saved=True).dqn.priority_uniform_mix == 0.0
+    assert TrainConfig.from_dict(old).dqn.priority_uniform_mix == 0.5
