@@ -333,7 +333,7 @@ def resolve_backend(
         and auto_picks_triton(mode, x, is_init, proj_size=proj_size)
     ):
         return "triton"
-    fallback = "pad" if x.device.type == "cuda" or kind.auto_pad_on_cpu else "scan"
+    fallback = "pad" if x.device.type == "cuda" else _cpu_fallback(kind)
     if (
         x.device.type == "cpu"
         and not proj_size
@@ -347,6 +347,12 @@ def resolve_backend(
     ):
         return "cpp"
     return fallback
+
+
+def _cpu_fallback(kind: CellKind) -> str:
+    """What ``auto`` runs an LSTM/GRU-like ``kind`` by on CPU where ``cpp`` does not run it:
+    ``pad`` where the kind asks for it (oneDNN's fused LSTM), else ``scan``."""
+    return "pad" if kind.auto_pad_on_cpu else "scan"
 
 
 def _restarts_inside(is_init: Tensor) -> bool:
@@ -400,8 +406,7 @@ def auto_step_runs_cpp(
     if python_based or mode not in CPP_STEPS or torch.compiler.is_compiling():
         return False
     kind = get_cell_kind(mode)
-    fallback = "pad" if kind.auto_pad_on_cpu else "scan"
-    return _auto_runs_cpp(kind, torch.device(device), dtype, fallback)
+    return _auto_runs_cpp(kind, torch.device(device), dtype, _cpu_fallback(kind))
 
 
 #: The fewest rows (``N``) for which ``auto`` picks ``triton`` on CUDA: the smallest batch
