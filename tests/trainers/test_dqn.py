@@ -137,6 +137,23 @@ def test_trainer_wires_burn_in_into_the_loss_and_the_sampler(tmp_path):
     trainer.collector.shutdown()
 
 
+def test_trainer_wires_the_target_update(tmp_path):
+    """The target network follows with tau 0.02 by default (0.01 before: --tau 0.01 gives
+    it back), --tau reaches the soft update, and --target-update hard copies on an interval."""
+    from recurrl.objectives import HardUpdate, SoftUpdate
+
+    for extra, tau in (((), 0.02), (("--tau", "0.01"), 0.01)):
+        trainer = DQNTrainer(parse_train(*TINY, *extra, "--run-dir", str(tmp_path / str(tau))))
+        assert isinstance(trainer.updater, SoftUpdate) and trainer.updater.tau == tau
+        trainer.collector.shutdown()
+    hard = parse_train(*TINY, "--target-update", "hard", "--hard-update-interval", "7",
+                       "--run-dir", str(tmp_path / "hard"))  # fmt: skip
+    trainer = DQNTrainer(hard)
+    assert isinstance(trainer.updater, HardUpdate)
+    assert trainer.updater.value_network_update_interval == 7
+    trainer.collector.shutdown()
+
+
 def test_observation_norm_is_fitted_on_the_warm_up_frames(tmp_path):
     cfg = parse_train(*TINY, "--run-dir", str(tmp_path))
     trainer = DQNTrainer(cfg)
