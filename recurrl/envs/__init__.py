@@ -4,8 +4,9 @@ from recurrl.envs.batched import SerialEnv
 from recurrl.envs.checks import check_env_specs
 from recurrl.envs.common import EnvBase
 from recurrl.envs.env_creator import EnvCreator
+from recurrl.envs.envpool import EnvPoolEnv
 from recurrl.envs.gym import GymEnv
-from recurrl.envs.gym_vector import GymVecEnv
+from recurrl.envs.gym_vector import GymVecEnv, vector_entry_point_ids
 from recurrl.envs.parallel import ParallelEnv
 from recurrl.envs.specs import (
     Binary,
@@ -16,6 +17,16 @@ from recurrl.envs.specs import (
     OneHot,
     TensorSpec,
     Unbounded,
+)
+from recurrl.envs.torch_envs import (
+    TORCH_ENVS,
+    CartPoleEnv,
+    CountRecallEnv,
+    PendulumEnv,
+    RepeatFirstEnv,
+    RepeatPreviousEnv,
+    has_torch_env,
+    make_torch_env,
 )
 from recurrl.envs.transforms import (
     Compose,
@@ -37,13 +48,17 @@ from recurrl.envs.transforms import (
 from recurrl.envs.utils import step_mdp
 
 __all__ = [
+    "TORCH_ENVS",
     "Binary",
     "Bounded",
+    "CartPoleEnv",
     "Categorical",
     "Compose",
     "Composite",
+    "CountRecallEnv",
     "EnvBase",
     "EnvCreator",
+    "EnvPoolEnv",
     "GymEnv",
     "GymVecEnv",
     "InitTracker",
@@ -53,8 +68,11 @@ __all__ = [
     "OneHot",
     "OneHotObservation",
     "ParallelEnv",
+    "PendulumEnv",
     "PreviousAction",
     "PreviousReward",
+    "RepeatFirstEnv",
+    "RepeatPreviousEnv",
     "RewardSum",
     "SerialEnv",
     "StepCounter",
@@ -67,5 +85,8 @@ __all__ = [
     "find_transform",
     "get_env_transforms_from_module",
     "get_primers_from_module",
+    "has_torch_env",
+    "make_torch_env",
     "step_mdp",
+    "vector_entry_point_ids",
 ]

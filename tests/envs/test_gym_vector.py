@@ -1,13 +1,16 @@
 """Tests of recurrl.envs.gym_vector.GymVecEnv (GymEnv(..., num_envs=N))."""
 
+import copy
 import functools
+import math
 
 import gymnasium
 import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.utils import seeding
+from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 
 from recurrl.envs import (
     Bounded,
@@ -20,6 +23,7 @@ from recurrl.envs import (
     Unbounded,
     check_env_specs,
 )
+from recurrl.envs.gym_vector import vector_entry_point_ids
 
 
 class EpisodeCounterEnv(gymnasium.Env):
@@ -64,9 +68,9 @@ gymnasium.register("RecurrlTestEpisodeCounter-v0", entry_point=EpisodeCounterEnv
 gymnasium.register("RecurrlTestRaising-v0", entry_point=RaisingEnv)
 
 
-def fixed_lengths_env(lengths, **kwargs):
+def fixed_lengths_env(lengths, mode=AutoresetMode.DISABLED, **kwargs):
     fns = [functools.partial(EpisodeCounterEnv, length) for length in lengths]
-    vec = SyncVectorEnv(fns, autoreset_mode=AutoresetMode.DISABLED)
+    vec = SyncVectorEnv(fns, autoreset_mode=mode)
     return GymVecEnv(vec, **kwargs)
 
 
@@ -125,10 +129,9 @@ class TestConstruction:
         with pytest.raises(ValueError, match="received a VectorEnv instance"):
             GymVecEnv(vec, step_timeout=5)
 
-    def test_vector_instance_needs_disabled_autoreset(self):
-        vec = gymnasium.make_vec("CartPole-v1", 2, vectorization_mode="sync")
-        with pytest.raises(ValueError, match=r"AutoresetMode\.DISABLED"):
-            GymVecEnv(vec)
+    def test_vector_instance(self):
+        vec = gymnasium.make_vec("CartPole-v1", 2, vectorization_mode="sync")  # NEXT_STEP
+        assert GymVecEnv(vec).rollout(3).batch_size == (2, 3)  # see TestEngineAutoreset
         vec.close()
         env = fixed_lengths_env([2, 3])
         assert env.batch_size == (2,) and env.vectorization is None
@@ -319,3 +322,263 @@ class TestAsync:
         assert (data == sync.rollout(10, break_when_any_done=False)).all()
         assert data["next", "done"].any()
         env.close()
+
+
+# --- engines with their own autoreset (recurrl.envs._autoreset) ---------------------------
+MODES = [AutoresetMode.DISABLED, AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP]
+
+
+class Forwarding(VectorEnv):
+    """A VectorEnv of no class recurrl knows a partial reset of: it forwards to a
+    SyncVectorEnv without being one, and refuses ``reset_mask``."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.num_envs = inner.num_envs
+        self.metadata = {"autoreset_mode": inner.metadata["autoreset_mode"]}
+        self.single_observation_space = inner.single_observation_space
+        self.single_action_space = inner.single_action_space
+        self.observation_space = inner.observation_space
+        self.action_space = inner.action_space
+
+    def reset(self, *, seed=None, options=None):
+        assert not options or "reset_mask" not in options
+        return self.inner.reset(seed=seed, options=options)
+
+    def step(self, actions):
+        return self.inner.step(actions)
+
+
+def counter_vec(lengths, mode):
+    fns = [functools.partial(EpisodeCounterEnv, length) for length in lengths]
+    return SyncVectorEnv(fns, autoreset_mode=mode)
+
+
+def episodes(vec):
+    return [e.unwrapped.episode for e in vec.envs]
+
+
+class TestEngineAutoreset:
+    @pytest.mark.parametrize("mode", MODES)
+    def test_same_rollout_in_every_mode(self, mode):
+        # no env finishes at the last step, so every episode that ended was reset by recurrl
+        torch.manual_seed(0)
+        expected = fixed_lengths_env([2, 4, 5]).rollout(9, break_when_any_done=False)
+        env = fixed_lengths_env([2, 4, 5], mode)
+        torch.manual_seed(0)
+        data = env.rollout(9, break_when_any_done=False)
+        assert (data == expected).all()
+        # one gymnasium reset per episode: SAME_STEP's own reset is the one handed out
+        assert episodes(env.env) == [4, 2, 1]
+
+    @pytest.mark.parametrize("mode", MODES)
+    def test_partial_reset_of_a_running_env(self, mode):
+        env = fixed_lengths_env([5, 5, 5], mode)
+        td = env.step_mdp(env.step(env.rand_action(env.reset())))
+        td["_reset"] = torch.tensor([[False], [True], [False]])
+        out = env.reset(td)
+        assert out["observation"].tolist() == [[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]
+        assert episodes(env.env) == [0, 1, 0]
+        # the reset env steps on from its reset (NEXT_STEP: its pending autoreset is cleared)
+        nxt = env.step(env.rand_action(out))["next", "observation"]
+        assert nxt.tolist() == [[2.0, 0.0], [1.0, 1.0], [2.0, 0.0]]
+
+    @pytest.mark.parametrize("mode", MODES)
+    def test_stepping_a_finished_env_raises(self, mode):
+        env = fixed_lengths_env([1, 3], mode)
+        td = env.step_mdp(env.step(env.rand_action(env.reset())))
+        with pytest.raises(RuntimeError, match=r"sub-env\(s\) \[0\] finished"):
+            env.step(env.rand_action(td))
+
+    def test_same_step_engine_without_partial_reset(self):
+        env = GymVecEnv(Forwarding(counter_vec([2, 4], AutoresetMode.SAME_STEP)))
+        torch.manual_seed(0)
+        data = env.rollout(7, break_when_any_done=False)  # finished envs come from the cache
+        torch.manual_seed(0)
+        assert (data == fixed_lengths_env([2, 4]).rollout(7, break_when_any_done=False)).all()
+        assert data["next", "observation"][0, 1].tolist() == [2.0, 0.0]  # terminal
+        assert data["observation"][0, 2].tolist() == [0.0, 1.0]  # reset
+        # a finished env is reset from the cache; a running one cannot be
+        td = env.step_mdp(env.step(env.rand_action(env.reset())))
+        td = env.step_mdp(env.step(env.rand_action(td)))  # env 0 finished
+        td["_reset"] = torch.tensor([[True], [False]])
+        # episode 5 of env 0: 3 ended in the rollout, 1 at the full reset, 1 just now
+        assert env.reset(td)["observation"].tolist() == [[0.0, 5.0], [2.0, 2.0]]
+        assert episodes(env.env.inner) == [5, 2]  # reset once, by the engine's autoreset
+        td["_reset"] = torch.tensor([[False], [True]])
+        with pytest.raises(ValueError, match=r"sub-env\(s\) \[1\] have not finished.*Fix"):
+            env.reset(td)
+
+    def test_next_step_engine_without_partial_reset_is_refused(self):
+        vec = Forwarding(counter_vec([2, 4], AutoresetMode.NEXT_STEP))
+        with pytest.raises(ValueError, match=r"NEXT_STEP.*Fix: use vectorization='sync'"):
+            GymVecEnv(vec)
+
+    def test_engine_without_autoreset_metadata(self):
+        vec = Forwarding(counter_vec([2], AutoresetMode.DISABLED))
+        vec.metadata = {}
+        with pytest.raises(ValueError, match="declares no autoreset mode"):
+            GymVecEnv(vec)
+
+
+# --- gymnasium's own batched implementations: vectorization="vector_entry_point" ----------
+THETA_LIMIT = 12 * 2 * math.pi / 360
+
+
+def vep_env(num_envs, **kwargs):
+    return GymVecEnv("CartPole-v1", num_envs=num_envs, vectorization="vector_entry_point", **kwargs)
+
+
+def random_steps_until_done(env, gen):
+    td = env.reset()
+    while True:
+        action = torch.randint(0, 2, env.batch_size, generator=gen)
+        td = env.step(td.set("action", action))
+        done = td["next", "done"].squeeze(-1)
+        if done.any():
+            return env.step_mdp(td), done
+        td = env.step_mdp(td)
+
+
+class TestVectorEntryPoint:
+    def test_errors(self):
+        with pytest.raises(ValueError, match=r"'Pendulum-v1' has no vector_entry_point") as err:
+            GymVecEnv("Pendulum-v1", num_envs=2, vectorization="vector_entry_point")
+        assert "'CartPole-v1'" in str(err.value) and "Fix: vectorization='sync'" in str(err.value)
+        assert "CartPole-v1" in vector_entry_point_ids()
+        assert "Pendulum-v1" not in vector_entry_point_ids()
+        with pytest.raises(ValueError, match="not found"):
+            GymVecEnv("NoSuchEnv-v0", num_envs=2, vectorization="vector_entry_point")
+        with pytest.raises(ValueError, match=r"vector_kwargs.*not of the vector_entry_point"):
+            vep_env(2, vector_kwargs={"copy": False})
+        with pytest.raises(ValueError, match="needs an env id with vectorization='async'"):
+            vep_env(2, step_timeout=5)
+
+    def test_keys_and_specs_equal_sync(self):
+        env, sync = vep_env(3), GymVecEnv("CartPole-v1", num_envs=3)
+        assert type(env.env).__name__ == "CartPoleVectorEnv" and "vector_entry_point" in repr(env)
+        for name in ("observation_spec", "action_spec", "reward_spec", "done_spec"):
+            assert getattr(env, name) == getattr(sync, name), name
+        check_env_specs(env, seed=0, steps=30)
+
+    def test_partial_reset_draws_as_the_engine_autoreset(self):
+        env = vep_env(6, seed=3)
+        root, done = random_steps_until_done(env, torch.Generator().manual_seed(0))
+        twin = copy.deepcopy(env.env)  # the engine left to reset them itself, at its next step
+        root["_reset"] = done.unsqueeze(-1)
+        out = env.reset(root)
+        twin_obs, reward, *_ = twin.step(np.zeros(6, dtype=np.int64))
+        rows = done.numpy()
+        assert np.array_equal(out["observation"].numpy()[rows], twin_obs[rows])
+        assert np.array_equal(env.env.state[:, rows], twin.state[:, rows])
+        assert (reward[rows] == 0).all()  # twin's rows were its autoreset steps
+        assert env.env.np_random.bit_generator.state == twin.np_random.bit_generator.state
+
+    def test_reset_states_follow_the_engine_generator(self):
+        # seeding: one generator for all sub-envs, drawn in env order at each (partial) reset
+        env, gen = vep_env(4, seed=7), torch.Generator().manual_seed(1)
+        rng, _ = seeding.np_random(7)
+        draws = lambda k: torch.from_numpy(rng.uniform(-0.05, 0.05, (4, k)).T.astype(np.float32))  # noqa: E731
+        td = env.reset()
+        assert torch.equal(td["observation"], draws(4))
+        for t in range(60):
+            td = env.step(td.set("action", torch.randint(0, 2, (4,), generator=gen)))
+            reset = td["next", "done"].squeeze(-1).clone()
+            if t == 5:
+                reset[2] = True  # a running env too
+            td = env.step_mdp(td)
+            if reset.any():
+                td = env.reset(td.set("_reset", reset.unsqueeze(-1)))
+                assert torch.equal(td["observation"][reset], draws(int(reset.sum())))
+        again = vep_env(4, seed=7)
+        assert torch.equal(again.reset()["observation"], vep_env(4, seed=7).reset()["observation"])
+        again.set_seed(8)
+        assert torch.equal(again.reset()["observation"], vep_env(4, seed=8).reset()["observation"])
+
+    def test_same_dynamics_as_sync_from_copied_states(self):
+        """Across terminations, truncations and partial resets (of running envs too), every
+        step of the numpy engine equals gymnasium's CartPole stepped one env at a time from
+        the same state (its start states come from another generator: copied at resets)."""
+        n, gen = 5, torch.Generator().manual_seed(0)
+        env = vep_env(n, seed=0, max_episode_steps=20)
+        sync = GymVecEnv("CartPole-v1", num_envs=n, seed=0, max_episode_steps=20)
+
+        def copy_states(rows):
+            for i in np.flatnonzero(rows):
+                sync.env.envs[i].unwrapped.state = env.env.state[:, i].copy()
+
+        roots = [env.reset(), sync.reset()]
+        copy_states(np.ones(n, dtype=bool))
+        keys = [("next", k) for k in ("observation", "reward", "terminated", "truncated", "done")]
+        seen = {"terminated": 0, "truncated": 0}
+        for t in range(150):
+            action = torch.randint(0, 2, (n,), generator=gen)
+            a, b = (e.step(r.set("action", action)) for e, r in zip((env, sync), roots))
+            for key in keys:
+                assert torch.equal(a[key], b[key]), (t, key)
+            for k in seen:
+                seen[k] += int(a["next", k].sum())
+            reset = a["next", "done"].squeeze(-1).clone()
+            reset[t % n] |= t % 7 == 3  # now and then a running env
+            roots = [e.step_mdp(td) for e, td in zip((env, sync), (a, b))]
+            if reset.any():
+                roots = [
+                    e.reset(r.set("_reset", reset.unsqueeze(-1)))
+                    for e, r in zip((env, sync), roots)
+                ]
+                copy_states(reset.numpy())
+        assert seen["terminated"] > 5 and seen["truncated"] > 5
+
+    def test_simulator_state_round_trip(self):
+        env, gen = vep_env(4, seed=0), torch.Generator().manual_seed(2)
+        root, done = random_steps_until_done(env, gen)
+        blob = env.simulator_state()
+
+        def go_on(root):
+            root = env.reset(root.clone().set("_reset", done.unsqueeze(-1)))
+            return env.rollout(20, tensordict=root, auto_reset=False, break_when_any_done=False)
+
+        torch.manual_seed(0)
+        expected = go_on(root)
+        env.load_simulator_state(blob)
+        assert env._resets.engine is env.env  # partial resets act on the loaded engine
+        torch.manual_seed(0)
+        assert (go_on(root) == expected).all()
+
+    def test_terminal_then_reset_observation(self):
+        data = vep_env(4, seed=0).rollout(60, break_when_any_done=False)
+        obs, nxt = data["observation"], data["next", "observation"]
+        done, term = data["next", "done"].squeeze(-1), data["next", "terminated"].squeeze(-1)
+        assert term.any()
+        failed = (nxt[..., 0].abs() > 2.4) | (nxt[..., 2].abs() > THETA_LIMIT)
+        assert torch.equal(failed, term)  # the terminal observation, not a reset one
+        after = done[:, :-1]
+        assert (obs[:, 1:][after].abs() <= 0.05).all()  # the next root: a reset observation
+        assert torch.equal(obs[:, 1:][~after], nxt[:, :-1][~after])
+
+
+# --- the collector's contract on every engine -----------------------------------------------
+def check_collector_contract(env, *, steps=16, batches=3, start_bound=0.05):
+    """The shared collector contract (``tests/collectors/_contract.py``) with the LSTM policy
+    of the collector tests on a CartPole-like env."""
+    from tests.collectors._contract import check_collector_contract as check
+    from tests.collectors.test_collector import make_policy
+
+    lstm, policy = make_policy(obs_dim=4)
+    check(env, lstm, policy, steps=steps, batches=batches, start_bound=start_bound)
+
+
+@pytest.mark.parametrize("engine", ["sync", "vector_entry_point", "same_step", "next_step"])
+def test_collector_contract(engine):
+    if engine in ("sync", "vector_entry_point"):
+        env = GymVecEnv("CartPole-v1", num_envs=4, vectorization=engine, seed=0)
+    else:
+        mode = {"same_step": AutoresetMode.SAME_STEP, "next_step": AutoresetMode.NEXT_STEP}
+        vec = gymnasium.make_vec(
+            "CartPole-v1",
+            4,
+            vectorization_mode="sync",
+            vector_kwargs={"autoreset_mode": mode[engine]},
+        )
+        env = GymVecEnv(vec, seed=0)
+    check_collector_contract(env)
