@@ -23,8 +23,10 @@ __all__ = ["Collector", "MissingPolicyTransformsError"]
 TRAJ_KEY = ("collector", "traj_ids")
 # Steps are stacked by chunks of this many as they come: a whole batch of per-step
 # TensorDicts kept alive until its end made Python's cyclic garbage collector walk them
-# (and, every few batches, the whole heap); chunks keep the live objects few.
-_CHUNK_STEPS = 32
+# (and, every few batches, the whole heap); chunks keep the live objects few. A batch of up
+# to this many steps per env (the recipes' 50) is one chunk, stacked once: joining chunks
+# copies every frame a second time, which with many envs cost as much as the stacking.
+_CHUNK_STEPS = 64
 Policy = Callable[[TensorDictBase], TensorDictBase | None]
 
 

@@ -10,6 +10,7 @@ from recurrl.trainers.config import (
 )
 from recurrl.trainers.dqn import DQNTrainer
 from recurrl.trainers.evaluate import evaluate, load_config
+from recurrl.trainers.loop import Trainer
 from recurrl.trainers.ppo import PPOTrainer, train
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "PPOTrainer",
     "RunConfig",
     "TrainConfig",
+    "Trainer",
     "evaluate",
     "load_config",
     "train",

@@ -21,6 +21,10 @@ Loading a checkpoint never runs code from the file:
   does not restore simulators starts new episodes and says so with a warning: the run
   goes on, but it no longer replays the uninterrupted one number for number. With both
   options a resumed run replays the uninterrupted one exactly.
+* recurrl's batched torch envs (``--engine torch``, what ``auto`` picks for the tasks that
+  have one) hold their whole state in tensors: it is always stored (``"simulator_tensors"``)
+  and restored without trusting anything, so such a run resumes its interrupted episodes
+  and replays the uninterrupted run exactly with no option at all.
 
 Examples:
     >>> import tempfile
@@ -261,6 +265,8 @@ def _simulator_state(env: Any) -> torch.Tensor | None:
     Raw bytes keep the checkpoint weights-only-loadable: the pickle inside is opened only
     by :func:`restore` with ``trust=True``.
     """
+    if hasattr(_gym_env(env), "simulator_tensors"):
+        return None  # recurrl's torch envs: saved as tensors (_simulator_tensors) instead
     try:
         blob = _gym_env(env).simulator_state()
     except Exception as err:  # an env holding sockets, windows, subprocesses
@@ -271,6 +277,14 @@ def _simulator_state(env: Any) -> torch.Tensor | None:
         )
         return None
     return torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+
+
+def _simulator_tensors(env: Any) -> dict[str, torch.Tensor] | None:
+    """The state of recurrl's batched torch envs as plain tensors (always saved: it is small
+    and loads without unpickling), or ``None`` for other envs (and a Ray collector's)."""
+    base = _gym_env(env) if env is not None else None
+    save = getattr(base, "simulator_tensors", None)
+    return save() if save is not None else None
 
 
 def _restore_simulator(env: Any, stored: torch.Tensor | None, path: Path, trust: bool) -> bool:
@@ -319,6 +333,7 @@ def save(run_dir: Path, trainer: Any) -> Path:
         "optimizer": trainer.optimizer.state_dict(),
         "collector": trainer.collector.state_dict(),
         "simulator": _simulator_state(trainer.collector.env) if with_simulator else None,
+        "simulator_tensors": _simulator_tensors(getattr(trainer.collector, "env", None)),
         "rng": _rng_state(),
     }
     extra = getattr(trainer, "extra_state", None)  # a recipe's own state (e.g. a replay buffer)
@@ -395,7 +410,15 @@ def _restore(state: dict[str, Any], trainer: Any, path: Path, trust: bool) -> No
         _restore_remote(collector, saved, path)
         _restore_common(state, trainer)
         return
-    restored = _restore_simulator(collector.env, state["simulator"], path, trust)
+    tensors = state.get("simulator_tensors")
+    base = _gym_env(collector.env)
+    if tensors is not None and hasattr(base, "load_simulator_tensors"):
+        # recurrl's torch envs: plain tensors, restored without trusting a pickle; the
+        # interrupted episodes go on exactly where they stopped
+        base.load_simulator_tensors(tensors)
+        restored = True
+    else:
+        restored = _restore_simulator(collector.env, state["simulator"], path, trust)
     if not restored:
         # The carried root (hidden states included) belongs to the saved episodes: without
         # their simulators the next batch starts with a reset (trajectory ids stay unique).

@@ -198,6 +198,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if not saved:
         data["env"]["num_envs"] = None  # the chosen algorithm's default unless given
         data["ppo"]["num_minibatches"] = None  # fitted to the batch's rows unless given
+        for section in ALGOS:  # num_envs x steps_per_env unless given
+            data[section]["frames_per_batch"] = None
         data["dqn"]["burn_in"] = None  # the sampler's default (slice: 10, tape: 0) unless given
         data["dqn"]["sampler"] = "auto"  # slice if a slice-only option is given, else tape
         data["dqn"]["priority_uniform_mix"] = None  # 0.5 with --prioritized, else 0
@@ -391,6 +393,21 @@ def _new_dir(path: Path) -> Iterator[Callable[[], None]]:
         raise
 
 
+def _say_rounded_frames(args: argparse.Namespace, cfg: TrainConfig) -> None:
+    """One line when a given ``--frames`` was rounded up to whole batches (the batch then
+    follows ``--num-envs``: ``frames_per_batch=None``)."""
+    given = getattr(args, f"{_ALGO}{_SEP}frames", None)
+    section = getattr(cfg, cfg.algo)
+    if given is not None and given != section.frames:
+        print(
+            f"recurrl train: --frames {given} rounded up to {section.frames}, a whole number of "
+            f"{section.frames_per_batch}-frame batches ({cfg.env.num_envs} envs x "
+            f"{section.frames_per_batch // cfg.env.num_envs} steps)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def _train(args: argparse.Namespace, signals: _Signals) -> int:
     if args.trust_checkpoint and not args.resume:
         raise UsageError(
@@ -399,6 +416,7 @@ def _train(args: argparse.Namespace, signals: _Signals) -> int:
         )
     cfg = config_from_args(args)
     _check_device(cfg.run.device)
+    _say_rounded_frames(args, cfg)
     if args.resume:
         run_dir = Path(args.resume)
         with lock_run_dir(run_dir):  # first: a live run may not have its checkpoint yet

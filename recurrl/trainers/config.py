@@ -21,6 +21,7 @@ from recurrl.trainers._config_checks import (
 from recurrl.trainers.dqn_config import DQNConfig
 
 __all__ = [
+    "ENGINES",
     "MASKED_ENVS",
     "RESUMABLE",
     "DQNConfig",
@@ -33,6 +34,8 @@ __all__ = [
     "resume_conflicts",
 ]
 
+#: ``EnvConfig.engine`` choices: what steps the envs
+ENGINES = ("auto", "torch", "gymnasium", "gymnasium-vector", "envpool")
 #: built-in partially observed envs: name -> (gymnasium id, observation entries kept)
 MASKED_ENVS: dict[str, tuple[str, list[int]]] = {
     # cart position and pole angle; the two velocities are hidden (needs memory)
@@ -89,6 +92,15 @@ class EnvConfig:
     on every seed) and 8 for dqn."""
     max_episode_steps: int | None = None
     """Episode length limit (truncation); None keeps the env's own limit."""
+    engine: Literal["auto", "torch", "gymnasium", "gymnasium-vector", "envpool"] = "auto"
+    """What steps the envs: torch (recurrl's batched torch implementation of the task: all
+    envs in a few tensor ops per step, on --device; the ids of recurrl.envs.TORCH_ENVS:
+    CartPole-masked, Pendulum-masked, CartPole-v1, Pendulum-v1 and popgym's RepeatPrevious,
+    RepeatFirst and CountRecall), gymnasium (a gymnasium SyncVectorEnv: one Python call per
+    env per step, on the CPU), gymnasium-vector (gymnasium's own batched implementation of
+    the id, its vector_entry_point: CartPole), envpool (EnvPool's C++ threads; the envpool
+    extra), or auto (torch where the id has one, else gymnasium). All compute the same
+    dynamics (tested step for step); their random streams differ."""
     collector: Literal["local", "ray"] = "local"
     """Who steps the envs: local (this process) or ray (--workers Ray actors, each stepping
     its share of the num_envs envs; needs the ray extra, see the README's Scaling out)."""
@@ -110,6 +122,40 @@ class EnvConfig:
         if self.collector == "ray" and self.num_envs is not None:
             self.worker_envs()  # validates the split (else once TrainConfig resolved num_envs)
         self.gym_id()  # validates the id
+        self.resolved_engine()  # validates the engine
+
+    def resolved_engine(self) -> str:
+        """``"torch"`` or ``"gymnasium"``: :attr:`engine`, with ``auto`` resolved for the id.
+
+        Examples:
+            >>> EnvConfig().resolved_engine(), EnvConfig(env="Acrobot-v1").resolved_engine()
+            ('torch', 'gymnasium')
+        """
+        from recurrl.envs.torch_envs import TORCH_ENVS
+
+        if self.engine not in ENGINES:
+            raise ValueError(
+                f"EnvConfig: engine must be one of {ENGINES}, received {self.engine!r}."
+            )
+        if self.engine == "torch" and self.env not in TORCH_ENVS:
+            raise ValueError(
+                f"EnvConfig: engine='torch' needs an env with a batched torch implementation; "
+                f"{self.env!r} has none (those that do: {sorted(TORCH_ENVS)}). Fix: --engine "
+                f"auto (gymnasium for this id) or --engine gymnasium."
+            )
+        if self.engine == "gymnasium-vector":
+            from recurrl.envs import vector_entry_point_ids
+
+            ids = vector_entry_point_ids()
+            if self.gym_id() not in ids:
+                raise ValueError(
+                    f"EnvConfig: engine='gymnasium-vector' needs an id with gymnasium's own "
+                    f"batched implementation (a vector_entry_point); {self.env!r} has none "
+                    f"(those that do: {ids}). Fix: --engine auto."
+                )
+        if self.engine == "auto":
+            return "torch" if self.env in TORCH_ENVS else "gymnasium"
+        return self.engine
 
     def worker_envs(self) -> int:
         """Envs per Ray worker: ``envs_per_worker``, or ``num_envs / workers``.
@@ -239,9 +285,15 @@ class PPOConfig:
     """
 
     frames: int = 50_000
-    """Total env frames to train for (a multiple of frames_per_batch)."""
-    frames_per_batch: int = 1000
-    """Frames collected per batch (num_envs rows of frames_per_batch / num_envs steps)."""
+    """Total env frames to train for: a multiple of frames_per_batch when that is given,
+    else rounded up to a whole number of batches."""
+    frames_per_batch: int | None = None
+    """Frames collected per batch (num_envs rows of frames_per_batch / num_envs steps). None:
+    num_envs x steps_per_env, so --num-envs N alone sets the batch (1000 with the default 20
+    envs)."""
+    steps_per_env: int = 50
+    """Steps every env takes per batch when frames_per_batch is None (the recipe's row
+    length)."""
     epochs: int = 8
     """Passes over every collected batch."""
     num_minibatches: int | None = None
@@ -293,17 +345,15 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         finite(self)
-        positive(
-            "PPOConfig",
-            frames=self.frames,
-            frames_per_batch=self.frames_per_batch,
-            epochs=self.epochs,
-        )
+        positive("PPOConfig", frames=self.frames, steps_per_env=self.steps_per_env,
+                 epochs=self.epochs)  # fmt: skip
+        if self.frames_per_batch is not None:
+            positive("PPOConfig", frames_per_batch=self.frames_per_batch)
+            check_frames("PPOConfig", self.frames, self.frames_per_batch)
         if self.num_minibatches is not None:
             positive("PPOConfig", num_minibatches=self.num_minibatches)
         if self.slice_len < 0:
             raise ValueError(f"PPOConfig: slice_len must be >= 0, received {self.slice_len}.")
-        check_frames("PPOConfig", self.frames, self.frames_per_batch)
         for name in ("gamma", "gae_lambda"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"PPOConfig: {name} must be in [0, 1].")
@@ -393,6 +443,7 @@ ALGOS = ("ppo", "dqn")
 #: config.json without the entry loads with it; see :meth:`TrainConfig.from_dict`)
 SAVED_BEFORE: dict[tuple[str, str], Any] = {
     ("model", "recurrent_backend"): "pad",
+    ("env", "engine"): "gymnasium",
     ("dqn", "sampler"): "slice",
     ("dqn", "priority_uniform_mix"): 0.0,
 }
@@ -427,6 +478,7 @@ class TrainConfig:
             )
             if ray:
                 self.env.worker_envs()  # validates the split
+        self._resolve_batches()
         n, fpb = self.env.num_envs, getattr(self, self.algo).frames_per_batch
         if fpb % n:
             raise ValueError(
@@ -455,6 +507,16 @@ class TrainConfig:
                 f"TrainConfig: ray_address={self.run.ray_address!r} needs collector=ray. Fix: "
                 f"add --collector ray, or drop --ray-address."
             )
+
+    def _resolve_batches(self) -> None:
+        """``frames_per_batch=None``: ``num_envs * steps_per_env``, and ``frames`` rounded up to
+        a whole number of such batches; resolved in both sections (a config holds the values it
+        would train with, a DQN run's ppo section too)."""
+        for section in (self.ppo, self.dqn):
+            if section.frames_per_batch is None:
+                fpb = self.env.num_envs * section.steps_per_env
+                section.frames_per_batch = fpb
+                section.frames = -(-section.frames // fpb) * fpb
 
     def _resolve_minibatches(self) -> None:
         """``ppo.num_minibatches=None``: the largest divisor of a batch's rows up to
@@ -605,11 +667,12 @@ class TrainConfig:
 #: the run was started. ``frames`` may grow (the schedules stretch to the new length);
 #: the rest only changes how the run is executed, watched or saved. ``run.run_dir`` is
 #: where the run lies now (a moved directory resumes in its new place).
-#: ``model.recurrent_backend`` changes float rounding only (every backend computes the same).
+#: ``model.recurrent_backend`` changes float rounding only (every backend computes the same);
+#: ``env.engine`` the envs' random stream only (both engines compute the same dynamics).
 RESUMABLE: frozenset[str] = frozenset({
     "ppo.frames", "dqn.frames", "run.run_dir", "run.device", "run.checkpoint_every",
     "run.num_threads", "run.tensorboard", "run.plot", "run.eval_episodes", "run.quiet",
-    "run.save_simulator", "run.ray_address", "model.recurrent_backend",
+    "run.save_simulator", "run.ray_address", "model.recurrent_backend", "env.engine",
 })  # fmt: skip
 
 

@@ -1,7 +1,9 @@
 """The recurrent DQN recipe: epsilon-greedy collection, replayed whole-episode tapes (or
 R2D2's slices with burn-in), double DQN with a target network.
 
-One batch of the loop (:func:`train`):
+:class:`DQNTrainer` plugs into the loop every recipe shares (:class:`~recurrl.trainers.Trainer`:
+logging, progress line, checkpoints, stop requests); its hooks set epsilon before each batch,
+then store the batch and learn from it (:meth:`DQNTrainer.update`). One batch:
 
 1. the :class:`~recurrl.collectors.Collector` runs the Q-network (sequential mode) in ``N``
    envs for ``T`` steps and acts epsilon-greedily (epsilon decays linearly with the frames;
@@ -65,8 +67,6 @@ uninterrupted one (simulators saved with ``--save-simulator``, restored with
 from __future__ import annotations
 
 import math
-import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -83,18 +83,11 @@ from recurrl.data import (
 )
 from recurrl.functional import sequence_priority
 from recurrl.objectives import DQNLoss, HardUpdate, SoftUpdate
-from recurrl.trainers import checkpoint as ckpt
-from recurrl.trainers.collection import (
-    RECENT_EPISODES,
-    episode_returns,
-    make_collector,
-    make_replay_buffer,
-    next_batch,
-)
+from recurrl.trainers.collection import make_collector, make_replay_buffer
 from recurrl.trainers.config import TrainConfig
 from recurrl.trainers.encoders import observation_inputs
-from recurrl.trainers.logger import MetricsLogger, plot_learning_curve
-from recurrl.trainers.models import EpsilonGreedy, ObservationNorm, QNetwork, make_env
+from recurrl.trainers.loop import Trainer
+from recurrl.trainers.models import EpsilonGreedy, ObservationNorm, QNetwork
 
 # EpsilonGreedy, ObservationNorm and QNetwork live in recurrl.trainers.models (the evaluator
 # builds the Q-network too); they stay importable from here.
@@ -206,35 +199,20 @@ def make_sampler(cfg: Any) -> SliceSampler | TapeSampler:
     )  # fmt: skip
 
 
-class DQNTrainer:
-    """Builds everything from a :class:`TrainConfig` and runs the loop; see the module doc.
-
-    Args:
-        cfg: the resolved config (``cfg.algo == "dqn"``, ``cfg.run.run_dir`` set).
-        resume: continue from ``run_dir/checkpoint.pt``.
-        trust_checkpoint: with ``resume``, also restore the simulators stored in the
-            checkpoint (a pickle: only for a checkpoint you wrote or trust); see
-            :func:`recurrl.trainers.checkpoint.restore`.
-        state: with ``resume``, the checkpoint already read by :func:`checkpoint.load
-            <recurrl.trainers.checkpoint.load>` (else it is read from ``run_dir``).
+class DQNTrainer(Trainer):
+    """Builds everything from a :class:`TrainConfig` (with ``cfg.algo == "dqn"``,
+    ``cfg.run.run_dir`` set) and runs the loop of :class:`~recurrl.trainers.Trainer`,
+    which documents the arguments (``cfg, *, resume, trust_checkpoint, state``); see the
+    module doc.
     """
 
-    def __init__(
-        self,
-        cfg: TrainConfig,
-        *,
-        resume: bool = False,
-        trust_checkpoint: bool = False,
-        state: dict[str, Any] | None = None,
-    ) -> None:
-        self.cfg = cfg
+    algo = "dqn"
+
+    def build(self) -> None:
+        """The Q-network, the loss and its target update, Adam, the replay buffer and the
+        collector."""
+        cfg = self.cfg
         d = cfg.dqn
-        self.run_dir = Path(cfg.run.run_dir or ".")
-        self.device = torch.device(cfg.run.device)
-        if cfg.run.num_threads:
-            torch.set_num_threads(cfg.run.num_threads)
-        ckpt.seed_everything(cfg.run.seed)
-        self.env = make_env(cfg.env, seed=cfg.run.seed)
         inputs = observation_inputs(self.env)
         n_actions = self.env.action_spec.n
         self.model = QNetwork(cfg.model, inputs, n_actions, obs_scale=d.obs_scale)
@@ -266,15 +244,7 @@ class DQNTrainer:
             total_frames=d.frames, device=self.device,
             replay_buffer=self.buffer if self.remote else None,
         )  # fmt: skip
-        self.recent: deque[float] = deque(maxlen=RECENT_EPISODES)
-        self.batches = 0
         self.normalized = False  # obs_norm fitted (its buffers are in the checkpoint)
-        if resume:
-            state = ckpt.load(self.run_dir) if state is None else state
-            ckpt.restore(state, self, trust=trust_checkpoint)
-        self.logger = MetricsLogger(
-            self.run_dir, tensorboard=cfg.run.tensorboard, truncate_after=self.collector.frames
-        )
 
     def _make_policies(self) -> Any:
         """Set :attr:`policy` (what the weights are read from) and :attr:`epsilons`; return
@@ -403,8 +373,7 @@ class DQNTrainer:
 
     def _step(self, batch: TensorDictBase) -> dict[str, Any]:
         """Store ``batch``, update if enough frames were collected; the metrics row."""
-        returns = episode_returns(batch)
-        self.recent.extend(returns)
+        returns = self.track_episodes(batch)
         if not self.remote:  # Ray workers wrote their batch into the buffer themselves
             self.buffer.extend(batch.exclude(*_NOT_STORED))
         learning = self.collector.frames >= self.cfg.dqn.learning_starts
@@ -415,62 +384,32 @@ class DQNTrainer:
         if self.remote and not learning:
             self._sync_weights()  # epsilon decays during the warm-up too
         self.batches += 1
-        return {
-            "frames": self.collector.frames,
-            "batch": self.batches,
-            "episodes": len(returns),
-            "episode_return": sum(returns) / len(returns) if returns else math.nan,
-            "recent_return": sum(self.recent) / len(self.recent) if self.recent else math.nan,
-            **stats,
-        }
+        return {**self.episode_row(returns), **stats}
 
-    # ------------------------------------------------------------------ loop
-    def train(self, *, stop_after: int | None = None, stop: Any = None) -> Path:
-        """Run until ``cfg.dqn.frames`` (or ``stop_after`` frames, a simulated interruption).
-
-        Args:
-            stop: as in :meth:`PPOTrainer.train <recurrl.trainers.PPOTrainer.train>`: once
-                ``stop.is_set()`` after a batch, save a checkpoint and return.
-
-        Returns the run directory.
-        """
-        cfg, d = self.cfg, self.cfg.dqn
-        every = cfg.run.checkpoint_every
-        start = time.perf_counter()
-        start_frames = self.collector.frames
-        limit = d.frames if stop_after is None else min(stop_after, d.frames)
-        if self.epsilons is not None and not cfg.run.quiet:
+    # ------------------------------------------------------------------ the loop's hooks
+    def start(self) -> None:
+        """With ``apex``, print each actor's epsilon (unless quiet)."""
+        if self.epsilons is not None and not self.cfg.run.quiet:
             actors = "Ray worker" if self.remote else "env"
             print(f"epsilons (apex, per {actors}): " + " ".join(f"{e:.4g}" for e in self.epsilons),
                   flush=True)  # fmt: skip
-        while self.collector.frames < limit:
-            eps = self._set_epsilon()
-            row = self._step(next_batch(self))
-            frames = self.collector.frames
-            elapsed = time.perf_counter() - start
-            row.update(epsilon=eps, fps=(frames - start_frames) / max(elapsed, 1e-9),
-                       time_s=elapsed)  # fmt: skip
-            self.logger.log(row)
-            if not cfg.run.quiet:
-                print(
-                    f"frames {frames}/{d.frames} | {row['fps']:.0f} fps | return "
-                    f"{row['recent_return']:.1f} (last {len(self.recent)} episodes) | "
-                    f"epsilon {eps:.3f} | loss {row['loss']:.4f}",
-                    flush=True,
-                )
-            stopping = stop is not None and stop.is_set()
-            due = frames // every > (frames - d.frames_per_batch) // every
-            if due or frames >= limit or stopping:
-                ckpt.save(self.run_dir, self)
-            if stopping:
-                break
-        self.logger.close()
-        self.collector.shutdown()
+
+    def before_batch(self) -> dict[str, Any]:
+        """Set the epsilon of the next batch (logged with it)."""
+        return {"epsilon": self._set_epsilon()}
+
+    def learn(self, batch: TensorDictBase, logged: dict[str, Any]) -> dict[str, Any]:
+        """Store ``batch`` and update (:meth:`_step`); the row, with the epsilon last."""
+        return {**self._step(batch), **logged}
+
+    def progress(self, row: dict[str, Any]) -> str:
+        return f"epsilon {row['epsilon']:.3f} | loss {row['loss']:.4f}"
+
+    def close(self) -> None:
+        """Also shut the Ray replay buffer's actor down (``--collector ray``)."""
+        super().close()
         if self.remote:
             self.buffer.shutdown()
-        if cfg.run.plot and self.collector.frames >= d.frames:
-            plot_learning_curve(self.run_dir, title=f"DQN {cfg.model.memory} on {cfg.env.env}")
-        return self.run_dir
 
 
 def train(

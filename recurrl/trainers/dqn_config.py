@@ -49,9 +49,13 @@ class DQNConfig:
     """
 
     frames: int = 100_000
-    """Total env frames to train for (a multiple of frames_per_batch)."""
-    frames_per_batch: int = 400
-    """Frames collected per batch (num_envs rows of frames_per_batch / num_envs steps)."""
+    """Total env frames to train for: a multiple of frames_per_batch when that is given,
+    else rounded up to a whole number of batches."""
+    frames_per_batch: int | None = None
+    """Frames collected per batch (num_envs rows of frames_per_batch / num_envs steps). None:
+    num_envs x steps_per_env (400 with the default 8 envs)."""
+    steps_per_env: int = 50
+    """Steps every env takes per batch when frames_per_batch is None."""
     buffer_size: int = 50_000
     """Replay buffer capacity in frames."""
     learning_starts: int = 2_000
@@ -191,13 +195,15 @@ class DQNConfig:
             self.priority_uniform_mix = DEFAULT_PRIORITY_UNIFORM_MIX if self.prioritized else 0.0
         finite(self)
         positive(
-            "DQNConfig", frames=self.frames, frames_per_batch=self.frames_per_batch,
+            "DQNConfig", frames=self.frames, steps_per_env=self.steps_per_env,
             buffer_size=self.buffer_size, updates_per_batch=self.updates_per_batch,
             num_slices=self.num_slices, train_len=self.train_len, eps_frames=self.eps_frames,
             hard_update_interval=self.hard_update_interval, n_steps=self.n_steps,
             tape_frames=self.tape_frames, num_tapes=self.num_tapes,
         )  # fmt: skip
-        check_frames("DQNConfig", self.frames, self.frames_per_batch)
+        if self.frames_per_batch is not None:
+            positive("DQNConfig", frames_per_batch=self.frames_per_batch)
+            check_frames("DQNConfig", self.frames, self.frames_per_batch)
         if self.burn_in < 0 or self.learning_starts < 0:
             raise ValueError(
                 f"DQNConfig: burn_in and learning_starts must be >= 0, received "

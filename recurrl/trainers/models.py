@@ -75,9 +75,21 @@ MEMORY_MODULES: dict[str, tuple[type[RecurrentModule], tuple[str, ...]]] = {
 }
 
 
-def make_env(cfg: EnvConfig, *, num_envs: int | None = None, seed: int | None = None):
-    """``GymVecEnv(num_envs=N)`` with the built-in mask (if any), ``InitTracker``, ``StepCounter``
-    and ``RewardSum`` (``("next", "episode_reward")`` is the running return).
+def make_env(
+    cfg: EnvConfig,
+    *,
+    num_envs: int | None = None,
+    seed: int | None = None,
+    device: torch.device | str | None = None,
+):
+    """``N`` envs of ``cfg.env`` with the built-in mask (if any), ``InitTracker``,
+    ``StepCounter`` and ``RewardSum`` (``("next", "episode_reward")`` is the running return).
+
+    The envs are what :meth:`EnvConfig.resolved_engine` names: recurrl's batched torch
+    implementation of the task (``"torch"``, on ``device``, default cpu), or on the CPU
+    (``device`` ignored) a gymnasium ``GymVecEnv(num_envs=N)`` (``"gymnasium"``; with
+    ``vectorization="vector_entry_point"`` for ``"gymnasium-vector"``) or an
+    :class:`~recurrl.envs.EnvPoolEnv` (``"envpool"``).
 
     A discrete observation (gymnasium ``Discrete`` / ``MultiDiscrete``, e.g. the cards of
     popgym's RepeatPrevious) is one-hot encoded first (:class:`OneHotObservation`), so the
@@ -93,6 +105,13 @@ def make_env(cfg: EnvConfig, *, num_envs: int | None = None, seed: int | None = 
     if n is None:  # an EnvConfig outside a TrainConfig, which resolves it per algorithm
         n = DEFAULT_NUM_ENVS["ppo"]
     gym_id = cfg.gym_id()
+    if cfg.resolved_engine() == "torch":
+        from recurrl.envs.torch_envs import make_torch_env
+
+        base = make_torch_env(
+            cfg.env, n, device=device, seed=seed, max_episode_steps=cfg.max_episode_steps
+        )
+        return _with_transforms(base, cfg)
     if cfg.mask() is None and needs_network_inputs(_observation_space(gym_id, kwargs)):
         try:
             vector_env = inputs_vector_env(gym_id, n, kwargs)
@@ -100,7 +119,19 @@ def make_env(cfg: EnvConfig, *, num_envs: int | None = None, seed: int | None = 
             raise UsageError(f"recurrl train: {err}") from err
         base = GymVecEnv(vector_env, seed=seed)
         return TransformedEnv(base, Compose(InitTracker(), StepCounter(), RewardSum()))
-    base = GymVecEnv(gym_id, num_envs=n, seed=seed, **kwargs)
+    engine = cfg.resolved_engine()
+    if engine == "envpool":
+        from recurrl.envs import EnvPoolEnv
+
+        return _with_transforms(EnvPoolEnv(gym_id, num_envs=n, seed=seed, **kwargs), cfg)
+    vectorization = "vector_entry_point" if engine == "gymnasium-vector" else "sync"
+    base = GymVecEnv(gym_id, num_envs=n, seed=seed, vectorization=vectorization, **kwargs)
+    return _with_transforms(base, cfg)
+
+
+def _with_transforms(base, cfg: EnvConfig):
+    """``base`` with the mask, the one-hot encoding of a discrete observation, and the
+    trackers every recipe reads; refuses an observation the networks cannot read."""
     obs = base.observation_spec.get(OBS_KEY, None)
     mask = cfg.mask()
     transforms = [MaskObservation(mask)] if mask is not None else []

@@ -1,6 +1,9 @@
 """The PPO recipe: collect ``[N, T]`` batches, GAE, epochs of minibatched clipped-PPO updates.
 
-One batch of the loop (:func:`train`):
+:class:`PPOTrainer` plugs into the loop every recipe shares (:class:`~recurrl.trainers.Trainer`:
+logging, progress line, checkpoints, stop requests); its hooks set the schedules of the lr,
+entropy weight and clip range before each batch (functions of the frames done) and learn
+from the batch (:meth:`PPOTrainer.update`). One batch:
 
 1. the :class:`~recurrl.collectors.Collector` (or, with ``--collector ray``, a
    :class:`~recurrl.collectors.RayCollector` of Ray workers) runs the policy (sequential
@@ -21,8 +24,6 @@ the uninterrupted run when its simulators were saved (``--save-simulator``) and 
 from __future__ import annotations
 
 import math
-import time
-from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,11 +33,10 @@ from tensordict import TensorDictBase
 from torch import nn
 
 from recurrl.objectives import GAE, ClipPPOLoss
-from recurrl.trainers import checkpoint as ckpt
-from recurrl.trainers.collection import RECENT_EPISODES, episode_returns, make_collector, next_batch
+from recurrl.trainers.collection import make_collector
 from recurrl.trainers.config import TrainConfig
-from recurrl.trainers.logger import MetricsLogger, plot_learning_curve
-from recurrl.trainers.models import ActorCritic, actor_critic, make_env
+from recurrl.trainers.loop import Trainer
+from recurrl.trainers.models import ActorCritic, actor_critic
 
 __all__ = ["PPOTrainer", "train"]
 
@@ -91,34 +91,29 @@ def minibatches(
         yield rows[idx]
 
 
-class PPOTrainer:
-    """Builds everything from a :class:`TrainConfig` and runs the loop; see the module doc.
+def fast_adam(model: nn.Module) -> dict[str, bool]:
+    """Adam's implementation for ``model``: ``fused`` (one kernel for all the parameters)
+    where torch has it for their device and dtype (CPU and CUDA floating point), else
+    ``foreach``; the per-parameter loop torch picks by default on CPU costs ~1 ms per step
+    for the recipes' small networks (``benchmarks/throughput.py``)."""
+    devices = {q.device.type for q in model.parameters()}
+    floating = all(q.is_floating_point() for q in model.parameters())
+    if floating and devices <= {"cpu", "cuda"}:
+        return {"fused": True}
+    return {"foreach": True}
 
-    Args:
-        cfg: the resolved config (``cfg.run.run_dir`` set).
-        resume: continue from ``run_dir/checkpoint.pt``.
-        trust_checkpoint: with ``resume``, also restore the simulators stored in the
-            checkpoint (a pickle: only for a checkpoint you wrote or trust); see
-            :func:`recurrl.trainers.checkpoint.restore`.
-        state: with ``resume``, the checkpoint already read by :func:`checkpoint.load
-            <recurrl.trainers.checkpoint.load>` (else it is read from ``run_dir``).
+
+class PPOTrainer(Trainer):
+    """Builds everything from a :class:`TrainConfig` (with ``cfg.run.run_dir`` set) and runs the
+    loop of :class:`~recurrl.trainers.Trainer`, which documents the arguments
+    (``cfg, *, resume, trust_checkpoint, state``); see the module doc.
     """
 
-    def __init__(
-        self,
-        cfg: TrainConfig,
-        *,
-        resume: bool = False,
-        trust_checkpoint: bool = False,
-        state: dict[str, Any] | None = None,
-    ) -> None:
-        self.cfg = cfg
-        self.run_dir = Path(cfg.run.run_dir or ".")
-        self.device = torch.device(cfg.run.device)
-        if cfg.run.num_threads:
-            torch.set_num_threads(cfg.run.num_threads)
-        ckpt.seed_everything(cfg.run.seed)
-        self.env = make_env(cfg.env, seed=cfg.run.seed)
+    algo = "ppo"
+
+    def build(self) -> None:
+        """The actor-critic, GAE, the clipped loss, Adam and the collector."""
+        cfg = self.cfg
         self.model = actor_critic(cfg, self.env).to(self.device)
         p = cfg.ppo
         self.gae = GAE(p.gamma, p.gae_lambda, self.model.critic)
@@ -132,19 +127,13 @@ class PPOTrainer:
             self.loss = _FactorizedCategoricalPPOLoss(self.model, **terms)
         else:
             self.loss = ClipPPOLoss(self.model.actor, self.model.critic, **terms)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=p.lr, eps=1e-5)
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=p.lr, eps=1e-5, **fast_adam(self.model)
+        )
         self.collector = make_collector(
             cfg, self.env, self.model.policy(), frames_per_batch=p.frames_per_batch,
             total_frames=p.frames, device=self.device,
         )  # fmt: skip
-        self.recent: deque[float] = deque(maxlen=RECENT_EPISODES)
-        self.batches = 0
-        if resume:
-            state = ckpt.load(self.run_dir) if state is None else state
-            ckpt.restore(state, self, trust=trust_checkpoint)
-        self.logger = MetricsLogger(
-            self.run_dir, tensorboard=cfg.run.tensorboard, truncate_after=self.collector.frames
-        )
 
     # ------------------------------------------------------------------ one batch
     def _set_schedules(self) -> None:
@@ -176,80 +165,42 @@ class PPOTrainer:
         if p.reward_scale != 1.0:
             batch.set(("next", "reward"), batch.get(("next", "reward")) * p.reward_scale)
         self.gae(batch)
-        sums: dict[str, float] = {}
-        count = 0
+        params = [q for q in self.model.parameters() if q.requires_grad]
+        rows: list[torch.Tensor] = []  # the diagnostics, read back once per batch
+        names: list[str] = []
         for _ in range(p.epochs):
             for mb in minibatches(batch, p.num_minibatches, p.slice_len):
                 total, stats = _loss_terms(self.loss, mb)
                 self.optimizer.zero_grad(set_to_none=True)
                 total.backward()
                 if p.max_grad_norm > 0:
-                    norm = nn.utils.clip_grad_norm_(self.model.parameters(), p.max_grad_norm)
+                    norm = nn.utils.clip_grad_norm_(params, p.max_grad_norm, foreach=True)
                     stats["grad_norm"] = norm.detach()
                 self.optimizer.step()
-                for k, v in stats.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
-                count += 1
-        return {k: v / count for k, v in sums.items()}
+                names = list(stats)
+                rows.append(torch.stack([v.to(torch.float64) for v in stats.values()]))
+        means = torch.stack(rows).mean(0).tolist()
+        return dict(zip(names, means, strict=True))
 
-    # ------------------------------------------------------------------ loop
-    def train(self, *, stop_after: int | None = None, stop: Any = None) -> Path:
-        """Run until ``cfg.ppo.frames`` (or ``stop_after`` frames, a simulated interruption).
+    # ------------------------------------------------------------------ the loop's hooks
+    def before_batch(self) -> dict[str, Any]:
+        """Set the schedules of the next batch; their values, logged with it."""
+        self._set_schedules()
+        return {
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "entropy_coef": self.loss.entropy_coef,
+            "clip_epsilon": self.loss.clip_epsilon,
+        }
 
-        Args:
-            stop: an object with ``is_set()`` (a :class:`threading.Event`), asked after every
-                batch: once set, the run saves a checkpoint and returns (a clean stop on
-                Ctrl-C; the checkpoint lies on a batch boundary, so resuming is exact).
+    def learn(self, batch: TensorDictBase, logged: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`update` on ``batch``; the row: episodes, schedules, mean diagnostics."""
+        returns = self.track_episodes(batch)
+        stats = self.update(batch)
+        self.batches += 1
+        return {**self.episode_row(returns), **logged, **stats}
 
-        Returns the run directory.
-        """
-        cfg = self.cfg
-        every = cfg.run.checkpoint_every
-        start = time.perf_counter()
-        start_frames = self.collector.frames
-        limit = cfg.ppo.frames if stop_after is None else min(stop_after, cfg.ppo.frames)
-        while self.collector.frames < limit:
-            self._set_schedules()
-            lr = self.optimizer.param_groups[0]["lr"]
-            batch = next_batch(self)
-            returns = episode_returns(batch)
-            self.recent.extend(returns)
-            stats = self.update(batch)
-            self.batches += 1
-            frames = self.collector.frames
-            elapsed = time.perf_counter() - start
-            row = {
-                "frames": frames,
-                "batch": self.batches,
-                "episodes": len(returns),
-                "episode_return": sum(returns) / len(returns) if returns else math.nan,
-                "recent_return": sum(self.recent) / len(self.recent) if self.recent else math.nan,
-                "lr": lr,
-                "entropy_coef": self.loss.entropy_coef,
-                "clip_epsilon": self.loss.clip_epsilon,
-                **stats,
-                "fps": (frames - start_frames) / max(elapsed, 1e-9),
-                "time_s": elapsed,
-            }
-            self.logger.log(row)
-            if not cfg.run.quiet:
-                print(
-                    f"frames {frames}/{cfg.ppo.frames} | {row['fps']:.0f} fps | return "
-                    f"{row['recent_return']:.1f} (last {len(self.recent)} episodes) | "
-                    f"entropy {stats['entropy']:.3f} | kl {stats['kl_approx']:.4f}",
-                    flush=True,
-                )
-            stopping = stop is not None and stop.is_set()
-            due = frames // every > (frames - cfg.ppo.frames_per_batch) // every
-            if due or frames >= limit or stopping:
-                ckpt.save(self.run_dir, self)
-            if stopping:
-                break
-        self.logger.close()
-        self.collector.shutdown()
-        if cfg.run.plot and self.collector.frames >= cfg.ppo.frames:
-            plot_learning_curve(self.run_dir, title=f"PPO {cfg.model.memory} on {cfg.env.env}")
-        return self.run_dir
+    def progress(self, row: dict[str, Any]) -> str:
+        return f"entropy {row['entropy']:.3f} | kl {row['kl_approx']:.4f}"
 
 
 def train(

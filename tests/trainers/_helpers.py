@@ -10,7 +10,7 @@ from recurrl.trainers.config import TrainConfig
 from recurrl.trainers.logger import read_metrics
 
 #: metrics that depend on wall time (excluded when runs are compared)
-TIMING = {"fps", "time_s"}
+TIMING = {"fps", "fps_mean", "time_s"}
 
 
 def parse_train(*argv: str) -> TrainConfig:

@@ -8,6 +8,7 @@ import json
 import pickle
 import random
 import shutil
+import warnings
 from collections import OrderedDict
 
 import numpy as np
@@ -23,11 +24,12 @@ from recurrl.trainers.logger import read_metrics
 from recurrl.trainers.ppo import PPOTrainer
 from tests._planted import Planted
 
-from ._helpers import run_cli
+from ._helpers import metric_numbers, parse_train, run_cli
 
 TINY = [
     "--num-envs", "2", "--frames", "256", "--frames-per-batch", "128", "--num-minibatches", "2",
     "--epochs", "2", "--hidden-size", "8", "--quiet", "--no-plot", "--no-tensorboard",
+    "--engine", "gymnasium",  # the pickled simulators of gymnasium envs
 ]  # fmt: skip
 
 
@@ -253,7 +255,9 @@ def test_a_missing_checkpoint_is_named(tmp_path):
         ('{"env": {"num_envs": 2.5}}', "env.num_envs must be int"),
         ('{"model": {"memory": "tcn"}}', "model.memory must be one of 'lstm', 'gru', 'mingru'"),
         ('{"algo": null}', "algo must be one of 'ppo', 'dqn', received None"),
-        ('{"ppo": {"frames": 1500}}', r"Fix: --frames 2000"),  # a setting __post_init__ rejects
+        (  # a setting __post_init__ rejects
+            '{"ppo": {"frames": 1500, "frames_per_batch": 1000}}', r"Fix: --frames 2000"
+        ),
     ],
 )
 def test_a_damaged_config_is_named(tmp_path, text, message):
@@ -268,3 +272,36 @@ def test_a_good_config_still_loads(run):
     cfg = load_config(run)
     assert cfg.run.save_simulator is True
     assert json.loads((run / "config.json").read_text())["run"]["save_simulator"] is True
+
+
+# ---------------------------------------------------------------------- torch envs
+def test_a_torch_engine_run_resumes_its_episodes_exactly_without_any_option(tmp_path, capsys):
+    """recurrl's torch envs are checkpointed as plain tensors: no pickle, no opt-in, and the
+    interrupted run resumed replays the uninterrupted one number for number."""
+    tiny = [a for a in TINY if a not in ("--engine", "gymnasium")]
+    argv = [*tiny, "--engine", "torch", "--frames", "384", "--checkpoint-every", "128"]
+    run_cli(capsys, "train", *argv, "--run-dir", str(tmp_path / "full"))
+    cut = tmp_path / "cut"
+    cfg = parse_train(*argv, "--run-dir", str(cut))
+    cut.mkdir()
+    (cut / "config.json").write_text(json.dumps(cfg.to_dict()))
+    PPOTrainer(cfg).train(stop_after=256)
+    state = ckpt.load(cut)
+    assert state["simulator"] is None and {"state", "steps"} <= set(state["simulator_tensors"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to warn about: the episodes go on
+        trainer = PPOTrainer(load_config(cut), resume=True)
+    assert (trainer.collector._root == state["collector"]["root"]).all()
+    trainer.collector.shutdown()
+    run_cli(capsys, "train", "--resume", str(cut))
+    assert metric_numbers(cut) == metric_numbers(tmp_path / "full")
+
+
+def test_a_torch_env_state_of_another_size_is_refused(tmp_path):
+    from recurrl.envs import CartPoleEnv
+
+    saved = CartPoleEnv(2, seed=0).simulator_tensors()
+    with pytest.raises(ValueError, match=r"entry 'steps' must be \(3,\).*num_envs=3"):
+        CartPoleEnv(3, seed=0).load_simulator_tensors(saved)
+    with pytest.raises(ValueError, match="expected the entries"):
+        CartPoleEnv(2, seed=0).load_simulator_tensors({"steps": saved["steps"]})

@@ -71,8 +71,22 @@ def test_bad_choice_and_bad_config_exit_with_usage(capsys):
         main(["train", "--memory", "transformer"])
     assert info.value.code == 2
     capsys.readouterr()
-    assert main(["train", "--frames", "1500"]) == 2  # the config's own check: a usage error
+    # the config's own check, a usage error (an explicit batch: frames must fit it)
+    assert main(["train", "--frames", "1500", "--frames-per-batch", "1000"]) == 2
     assert "Fix: --frames 2000" in capsys.readouterr().err
+
+
+def test_frames_are_rounded_up_to_whole_batches_and_the_run_says_so(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    argv = [a for a in TINY if a not in ("--frames-per-batch", "128")]  # batch: 2 envs x 50
+    argv[argv.index("--frames") + 1] = "150"
+    assert main(["train", *argv, "--run-dir", str(run_dir)]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip().splitlines()[-1] == str(run_dir)
+    assert [int(r["frames"]) for r in read_metrics(run_dir)] == [100, 200]
+    assert "--frames 150 rounded up to 200, a whole number of 100-frame batches (2 envs x 50" in (
+        out.err
+    )
 
 
 def test_tiny_train_writes_the_run_and_prints_its_dir_last(tmp_path, capsys):

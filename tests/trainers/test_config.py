@@ -206,3 +206,28 @@ def test_recurrent_backend_is_checked_and_may_change_on_resume():
     assert TrainConfig.from_dict(saved, saved=True).model.recurrent_backend == "pad"
     assert "recurrent_backend" not in saved["model"]  # the caller's dict is left as it was
     assert TrainConfig.from_dict(saved).model.recurrent_backend == "auto"  # not a saved run
+
+
+@pytest.mark.parametrize(("algo", "n"), [("ppo", 1024), ("dqn", 512)])
+def test_num_envs_alone_sets_the_batch(algo, n):
+    """--num-envs N alone: N rows of steps_per_env steps, frames rounded up to whole batches."""
+    cfg = TrainConfig(algo=algo, env=EnvConfig(num_envs=n))
+    section = getattr(cfg, algo)
+    fpb = n * section.steps_per_env
+    assert section.frames_per_batch == fpb
+    assert section.frames % fpb == 0
+    assert section.frames == -(-type(section)().frames // fpb) * fpb
+    # the defaults are unchanged: 20 x 50 for ppo, 8 x 50 for dqn
+    assert TrainConfig().ppo.frames_per_batch == 1000
+    assert TrainConfig(algo="dqn").dqn.frames_per_batch == 400
+    # an explicit frames_per_batch keeps the strict checks
+    with pytest.raises(ValueError, match=f"not a multiple of num_envs={n}"):
+        TrainConfig(algo=algo, env=EnvConfig(num_envs=n), **{algo: type(section)(
+            frames=51_000, frames_per_batch=1000)})
+
+
+def test_steps_per_env_sets_the_row_length():
+    cfg = TrainConfig(env=EnvConfig(num_envs=64), ppo=PPOConfig(steps_per_env=25, frames=6400))
+    assert (cfg.ppo.frames_per_batch, cfg.ppo.frames) == (1600, 6400)
+    with pytest.raises(ValueError, match="steps_per_env"):
+        PPOConfig(steps_per_env=0)

@@ -60,7 +60,9 @@ def test_every_dqn_field_has_a_docstring():
         ),
         (lambda: TrainConfig(algo="dqn", dqn=DQNConfig(buffer_size=100)), "buffer_size"),
         (
-            lambda: TrainConfig(algo="dqn", env=EnvConfig(num_envs=3)),
+            lambda: TrainConfig(
+                algo="dqn", env=EnvConfig(num_envs=3), dqn=DQNConfig(frames_per_batch=400)
+            ),
             "not a multiple of num_envs=3",
         ),
     ],
@@ -231,13 +233,14 @@ def test_q_network_lives_with_the_models_and_stays_importable_from_dqn():
     import ast
     import inspect
 
-    from recurrl.trainers import collection, dqn, evaluate, models, ppo
+    from recurrl.trainers import dqn, evaluate, loop, models, ppo
 
     for name in ("QNetwork", "EpsilonGreedy", "ObservationNorm"):
         assert getattr(dqn, name) is getattr(models, name) and name in dqn.__all__
-    assert ppo.RECENT_EPISODES == collection.RECENT_EPISODES
-    # the recipes share setup through collection.py / models.py, not through each other
-    for module, siblings in ((dqn, {"ppo"}), (evaluate, {"dqn", "ppo"}), (ppo, {"dqn"})):
+    # the recipes share setup through loop.py / collection.py / models.py, not through each
+    # other, and the loop they share imports neither
+    pairs = ((dqn, {"ppo"}), (evaluate, {"dqn", "ppo"}), (ppo, {"dqn"}), (loop, {"dqn", "ppo"}))
+    for module, siblings in pairs:
         imported = {
             node.module
             for node in ast.walk(ast.parse(inspect.getsource(module)))

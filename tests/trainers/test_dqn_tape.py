@@ -25,6 +25,7 @@ TAPE = [
     *(a for flag, a in zip(["", *TINY[:-1]], TINY, strict=True)
       if a not in _SLICE_ONLY and flag not in _SLICE_ONLY),
     "--sampler", "tape", "--tape-frames", "32", "--num-tapes", "2",
+    "--engine", "gymnasium",  # a stream whose tapes hold episode ends in every row
 ]  # fmt: skip
 MASK = ("collector", "mask")
 

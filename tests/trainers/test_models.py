@@ -214,3 +214,81 @@ def test_trunk_refuses_an_unknown_memory_naming_the_choices():
     cfg.memory = "transformer"  # type: ignore[assignment]  # past the config's own check
     with pytest.raises(ValueError, match="'mingru', 'lru', 'none', received 'transformer'"):
         _trunk(cfg, 3, "actor")
+
+
+# ---------------------------------------------------------------------- env engines
+def _base(env):
+    while hasattr(env, "base_env"):
+        env = env.base_env
+    return env
+
+
+@pytest.mark.parametrize(
+    ("env_id", "engine", "expected"),
+    [
+        ("CartPole-masked", "auto", "CartPoleEnv"),
+        ("Pendulum-masked", "auto", "PendulumEnv"),
+        ("popgym-RepeatPreviousEasy-v0", "auto", "RepeatPreviousEnv"),
+        ("CartPole-masked", "gymnasium", "GymVecEnv"),
+        ("CartPole-masked", "gymnasium-vector", "GymVecEnv"),
+        ("Acrobot-v1", "auto", "GymVecEnv"),
+    ],
+)
+def test_make_env_picks_the_batched_torch_env_where_the_id_has_one(env_id, engine, expected):
+    env = make_env(EnvConfig(env=env_id, engine=engine, num_envs=3), seed=0)
+    try:
+        assert type(_base(env)).__name__ == expected
+        assert env.batch_size == torch.Size([3])
+    finally:
+        env.close()
+
+
+def test_both_engines_give_the_recipes_the_same_keys_and_specs():
+    torch_env = make_env(EnvConfig(engine="torch", num_envs=2), seed=0)
+    gym_env = make_env(EnvConfig(engine="gymnasium", num_envs=2), seed=0)
+    try:
+        assert torch_env.observation_spec == gym_env.observation_spec  # masked: [2, 2]
+        assert torch_env.action_spec == gym_env.action_spec
+        a, b = torch_env.reset(), gym_env.reset()
+        assert set(a.keys(True, True)) == set(b.keys(True, True))
+        assert a["observation"].shape == b["observation"].shape == (2, 2)
+    finally:
+        torch_env.close()
+        gym_env.close()
+
+
+def test_the_torch_engine_needs_an_id_it_implements():
+    with pytest.raises(ValueError, match=r"engine='torch'.*Acrobot-v1.*Fix: --engine auto"):
+        EnvConfig(env="Acrobot-v1", engine="torch")
+
+
+def test_a_config_saved_before_engines_existed_keeps_gymnasium():
+    data = TrainConfig().to_dict()
+    del data["env"]["engine"]
+    assert TrainConfig.from_dict(data, saved=True).env.engine == "gymnasium"
+    assert TrainConfig.from_dict(data).env.engine == "auto"
+
+
+def test_the_gymnasium_vector_engine_steps_gymnasiums_own_batched_cartpole():
+    env = make_env(EnvConfig(engine="gymnasium-vector", num_envs=3), seed=0)
+    try:
+        assert _base(env).vectorization == "vector_entry_point"
+        data = env.rollout(30, break_when_any_done=False)
+        assert data["next", "observation"].shape == (3, 30, 2)  # masked
+    finally:
+        env.close()
+
+
+def test_the_gymnasium_vector_engine_needs_an_id_with_a_vector_entry_point():
+    with pytest.raises(ValueError, match=r"engine='gymnasium-vector'.*Acrobot-v1"):
+        EnvConfig(env="Acrobot-v1", engine="gymnasium-vector")
+
+
+def test_the_envpool_engine_builds_an_envpool_env():
+    pytest.importorskip("envpool", reason="the envpool extra is not installed")
+    env = make_env(EnvConfig(engine="envpool", num_envs=2), seed=0)
+    try:
+        assert type(_base(env)).__name__ == "EnvPoolEnv"
+        assert env.rollout(5)["next", "observation"].shape == (2, 5, 2)
+    finally:
+        env.close()

@@ -141,3 +141,40 @@ def test_obs_scale_multiplies_what_both_trunks_read():
     assert torch.allclose(
         values, plain.critic(td.clone().set("observation", obs * 10.0))["state_value"]
     )
+
+
+def test_the_learner_uses_fused_adam_and_reports_the_mean_diagnostics(tmp_path):
+    from recurrl.trainers.collection import next_batch
+
+    trainer = _trainer(tmp_path)
+    assert trainer.optimizer.defaults["fused"] is True
+    batch = next_batch(trainer)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    stats = trainer.update(batch)
+    keys = {"loss_objective", "loss_critic", "entropy", "kl_approx", "clip_fraction"}
+    assert keys | {"grad_norm"} == set(stats)
+    assert all(isinstance(v, float) for v in stats.values())
+    assert any(not torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))
+    trainer.collector.shutdown()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_torch_env_collects_on_the_device(tmp_path):
+    from recurrl.trainers.collection import next_batch
+    from recurrl.trainers.config import EnvConfig, PPOConfig, RunConfig, TrainConfig
+    from recurrl.trainers.ppo import PPOTrainer
+
+    cfg = TrainConfig(
+        env=EnvConfig(num_envs=64),
+        model=ModelConfig(hidden_size=8),
+        ppo=PPOConfig(frames=6400, num_minibatches=2),
+        run=RunConfig(run_dir=str(tmp_path), device="cuda", tensorboard=False, plot=False,
+                      quiet=True),
+    )  # fmt: skip
+    trainer = PPOTrainer(cfg)
+    assert trainer.env.device.type == "cuda"
+    batch = next_batch(trainer)
+    assert batch.device.type == "cuda" and batch.batch_size == (64, 50)
+    stats = trainer.update(batch)
+    assert all(v == v for v in stats.values())  # finite, not NaN
+    trainer.collector.shutdown()
