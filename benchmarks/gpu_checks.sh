@@ -7,15 +7,15 @@
 # (default ./gpu_out), one file per step.
 #
 # Run: bash benchmarks/gpu_checks.sh [STEP...]   (python3 with torch, triton and recurrl's
-# dependencies; STEP among tests triton resets train collect scaling tune reference, all by
-# default)
+# dependencies; STEP among tests triton resets train throughput collect scaling tune
+# reference, all by default)
 set -u
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 
-STEPS=" ${*:-tests triton resets train collect scaling tune reference} "
+STEPS=" ${*:-tests triton resets train throughput collect scaling tune reference} "
 
 step() {  # step NAME SECONDS COMMAND...: run it, its output to $OUT/NAME.txt and stdout
   local name=$1 limit=$2
@@ -30,11 +30,14 @@ step() {  # step NAME SECONDS COMMAND...: run it, its output to $OUT/NAME.txt an
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 workers=$("$PY" -c "import xdist" 2>/dev/null && echo "-n 8")
 # shellcheck disable=SC2086  # $workers is empty or two words
-step tests 150 "$PY" -m pytest tests/functional/recurrent/test_triton_gpu.py -q \
-  -p no:cacheprovider $workers -rP
+step tests 150 "$PY" -m pytest tests/functional/recurrent/test_triton_gpu.py \
+  tests/envs/torch_envs tests/trainers/test_ppo.py -q -p no:cacheprovider $workers -rP
 step triton 90 "$PY" benchmarks/triton_gpu.py --rounds 5
 step resets 75 "$PY" benchmarks/triton_gpu.py --resets --rounds 3
 step train 50 "$PY" benchmarks/train_device.py --batches 4 --threads 1
+# the recipes end to end on the device (torch env on the GPU) beside the CPU rows
+step throughput 180 "$PY" benchmarks/throughput.py --recipes default fast gpu --engines torch \
+  --devices cuda cpu --threads 1 --batches 3 --rounds 3
 step collect 25 "$PY" benchmarks/collect.py --device cuda --envs 1 8 --quick
 step scaling 35 "$PY" benchmarks/recurrent_scaling.py --device cuda --quick \
   --steps 64 256 1024 4096

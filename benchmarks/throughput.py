@@ -15,7 +15,10 @@ count, one process builds the trainer exactly as ``recurrl train`` does and runs
   timed in interleaved rounds. ``ratio`` is the learner's per-minibatch overhead.
 
 Recipes (``--recipes``): ``default`` (no options: 20 envs, 1000-frame batches, 8 epochs of 5
-minibatches) and the large-batch ones of :data:`RECIPES`. Engines (``--engines``):
+minibatches) and the large-batch ones of :data:`RECIPES`: ``large`` (256 envs, 12,800-frame
+batches, 4 epochs of 4 minibatches), ``wide`` (1024 envs, 51,200-frame batches, 2 epochs of 16
+minibatches), ``fast`` (the same with 1 epoch) and ``gpu`` (8192 envs, LSTM H=128, 2 epochs of
+8 minibatches: the shape of the GPU target, asked for by name). Engines (``--engines``):
 ``gymnasium`` (a ``SyncVectorEnv``, one Python call per env) and ``torch`` (recurrl's
 batched torch implementation of the task, one tensor op per step for all envs).
 
@@ -49,7 +52,11 @@ from recurrl.trainers.ppo import _loss_terms, minibatches
 RECIPES: dict[str, list[str]] = {
     "default": [],
     "large": ["--num-envs", "256", "--epochs", "4", "--num-minibatches", "4"],
-    "fast": ["--num-envs", "1024", "--epochs", "2", "--num-minibatches", "4"],
+    "wide": ["--num-envs", "1024", "--epochs", "2", "--num-minibatches", "16"],
+    "fast": ["--num-envs", "1024", "--epochs", "1", "--num-minibatches", "16"],
+    # the GPU target's shape (LSTM H=128, thousands of envs on the device); not a CPU default
+    "gpu": ["--num-envs", "8192", "--hidden-size", "128", "--epochs", "2",
+            "--num-minibatches", "8"],
 }
 
 
@@ -155,7 +162,7 @@ def learner_overhead(trainer: Any, rounds: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipes", nargs="+", default=["default", "large", "fast"],
+    parser.add_argument("--recipes", nargs="+", default=["default", "large", "wide", "fast"],
                         choices=sorted(RECIPES))  # fmt: skip
     parser.add_argument("--engines", nargs="+", default=["gymnasium", "torch"])
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
@@ -166,7 +173,7 @@ def main() -> None:
     args = parser.parse_args()
     devices = [d for d in args.devices if not d.startswith("cuda") or torch.cuda.is_available()]
     where = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
-    print(f"torch {torch.__version__}, {where}; PPO LSTM H=64 on CartPole-masked")
+    print(f"torch {torch.__version__}, {where}; PPO LSTM (H=64 unless given) on CartPole-masked")
     head = (
         f"{'recipe':8} {'engine':9} {'device':6} {'thr':>3} {'frames/s':>9} {'collect':>9} "
         f"{'learn':>9} {'mb frames':>9} {'step ms':>8} {'bare ms':>8} {'ratio':>5}"
