@@ -189,6 +189,8 @@ class RayReplayBuffer:
         try:
             return ray.get(getattr(self._actor, method).remote(*args), timeout=self.timeout)
         except RayTaskError as err:
+            if isinstance(err.cause, _ActorClosedError):  # the owner's shutdown got there first
+                raise self._dead(method, "its owner shut it down") from None
             raise _local_error(err, f"{self._label}.{method}") from None
         except GetTimeoutError as err:
             raise TimeoutError(
@@ -198,12 +200,15 @@ class RayReplayBuffer:
                 "look at the actor's logs."
             ) from err
         except RayActorError as err:
-            raise RuntimeError(
-                f"{self._label}.{method}: the buffer's actor is dead (it was shut down by its "
-                f"owner, or its process or node died); its data is lost. Ray said: {err}. "
-                "Fix: keep the owning RayReplayBuffer alive while handles are in use, and "
-                "restore a new buffer from state_dict()/dumps() if needed."
-            ) from err
+            raise self._dead(method, f"Ray said: {err}") from err
+
+    def _dead(self, method: str, why: str) -> RuntimeError:
+        return RuntimeError(
+            f"{self._label}.{method}: the buffer's actor is dead (it was shut down by its "
+            f"owner, or its process or node died); its data is lost ({why}). Fix: keep the "
+            "owning RayReplayBuffer alive while handles are in use, and restore a new buffer "
+            "from state_dict()/dumps() if needed."
+        )
 
     def _apply_transform(self, data: TensorDictBase) -> TensorDictBase:
         return data if self.transform is None else self.transform(data)
@@ -328,10 +333,20 @@ class _BufferActor:
     """The actor's side: one :class:`TensorDictReplayBuffer` (without ``transform``)."""
 
     def __init__(self) -> None:
-        self.buffer: TensorDictReplayBuffer | None = None
+        self._buffer: TensorDictReplayBuffer | None = None
+        self._closed = False
+
+    @property
+    def buffer(self) -> TensorDictReplayBuffer:
+        """The buffer; once :meth:`close` ran (the owner's shutdown, just before the kill),
+        every call raises :class:`_ActorClosedError`, which the caller reports as a dead
+        actor, instead of failing on a missing buffer in the moments before the kill lands."""
+        if self._closed:
+            raise _ActorClosedError("the buffer's actor was closed by its owner's shutdown()")
+        return self._buffer
 
     def build(self, kwargs: dict, seed: int | None) -> None:
-        self.buffer = TensorDictReplayBuffer(**kwargs)
+        self._buffer = TensorDictReplayBuffer(**kwargs)
         if seed is None:
             torch.seed()  # the actor's global stream only: a sampler's own generator came seeded
         else:
@@ -379,7 +394,7 @@ class _BufferActor:
 
     def close(self) -> None:
         """Drop the buffer so its storage's temporary files are removed before the kill."""
-        self.buffer = None
+        self._buffer, self._closed = None, True
         gc.collect()
 
 
@@ -444,6 +459,10 @@ def _local_error(err: RayTaskError, where: str) -> BaseException:
         return type(cause)(text)
     except Exception:  # a type with another constructor: keep Ray's error
         return err
+
+
+class _ActorClosedError(RuntimeError):
+    """Raised in the buffer's actor by a call that arrives after its owner closed it."""
 
 
 class RemoteKeyError(KeyError):

@@ -221,6 +221,25 @@ def test_a_handles_shutdown_leaves_the_actor_and_the_owners_kills_it(ray_session
             time.sleep(0.1)
 
 
+def test_a_call_between_the_owners_close_and_the_kill_says_the_actor_is_dead(ray_session):
+    """shutdown() closes the actor, then kills it; the kill lands a moment later. A handle's
+    call in that window is the documented dead-actor error, not a failure on the dropped
+    buffer (here the window is held open: close without the kill)."""
+    import ray
+
+    from recurrl.data import RayReplayBuffer
+
+    rb = RayReplayBuffer(storage=LazyTensorStorage(10), batch_size=2, timeout=60)
+    rb.extend(TensorDict({"x": torch.arange(4)}, [4]))
+    other = pickle.loads(pickle.dumps(rb))
+    ray.get(rb._actor.close.remote())
+    with pytest.raises(RuntimeError, match=r"RayReplayBuffer\(actor .*dead.*shut it down"):
+        len(other)
+    with pytest.raises(RuntimeError, match="dead"):
+        other.sample()
+    rb.shutdown()
+
+
 def test_unreferenced_owner_kills_its_actor(ray_session, fail_after):
     import gc
 
