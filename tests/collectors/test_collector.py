@@ -3,7 +3,6 @@ auto-wiring of the recurrent env transforms, resumption and shutdown."""
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import multiprocessing
 import re
@@ -531,12 +530,6 @@ def test_tutorial_usage_cartpole():
     collector.shutdown()
 
 
-HAS_BATCHED_GYM = "num_envs" in inspect.signature(GymEnv).parameters
-needs_batched_gym = pytest.mark.skipif(
-    not HAS_BATCHED_GYM, reason="GymEnv(..., num_envs=N) (batched gymnasium envs) not available"
-)
-
-
 class CrashEnv(gymnasium.Env):
     """Raises inside its (worker) process at the third step."""
 
@@ -558,7 +551,6 @@ class CrashEnv(gymnasium.Env):
 gymnasium.register(id="RecurrlTestCrash-v0", entry_point=CrashEnv)
 
 
-@needs_batched_gym
 def test_async_gym_workers_feed_one_policy_and_shut_down(fail_after):
     lstm, policy = make_policy(obs_dim=4)
     before = set(multiprocessing.active_children())  # other tests' processes are not ours
@@ -579,7 +571,6 @@ def test_async_gym_workers_feed_one_policy_and_shut_down(fail_after):
     assert set(multiprocessing.active_children()) - before == set()
 
 
-@needs_batched_gym
 def test_async_worker_crash_raises_with_worker_traceback(fail_after):
     before = set(multiprocessing.active_children())
     collector = Collector(
@@ -594,7 +585,6 @@ def test_async_worker_crash_raises_with_worker_traceback(fail_after):
     assert set(multiprocessing.active_children()) - before == set()
 
 
-@needs_batched_gym
 def test_shutdown_returns_after_a_worker_was_killed(fail_after):
     import recurrl.testing.gym_envs  # noqa: F401  (registers RecurrlFaulty-v0)
     from recurrl.envs.gym_async import WorkerDiedError
