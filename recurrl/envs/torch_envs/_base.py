@@ -97,10 +97,18 @@ class TorchEnv(EnvBase):
 
     # --- the two hooks of a task ---------------------------------------------------------
     def _reset_envs(self, rows: torch.Tensor | None) -> torch.Tensor:
-        raise NotImplementedError
+        """Draw new states for the envs ``rows`` (``None``: all); return every observation."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement _reset_envs(rows), one of the two hooks "
+            f"of a TorchEnv task. Fix: define it (see the TorchEnv docstring)."
+        )
 
     def _advance(self, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        raise NotImplementedError
+        """One step of every env: ``(observation, reward [N, 1], terminated [N])``."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement _advance(action), one of the two hooks "
+            f"of a TorchEnv task. Fix: define it (see the TorchEnv docstring)."
+        )
 
     # --- EnvBase hooks -------------------------------------------------------------------
     def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:

@@ -175,3 +175,16 @@ def test_policy_argument_adds_the_recurrent_transforms():
     env = CartPoleEnv(2, seed=0, policy=policy)
     assert type(env).__name__ == "TransformedEnv" and type(env.base_env).__name__ == "CartPoleEnv"
     assert {"is_init", "rs_h", "rs_c"} <= set(env.reset().keys())
+
+
+def test_a_task_missing_a_hook_is_named():
+    from recurrl.envs.torch_envs._base import TorchEnv
+
+    class Half(TorchEnv):
+        pass
+
+    env = Half(2, seed=0)
+    with pytest.raises(NotImplementedError, match=r"Half does not implement _reset_envs"):
+        env.reset()
+    with pytest.raises(NotImplementedError, match=r"Half does not implement _advance"):
+        env._advance(torch.zeros(2))
