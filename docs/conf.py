@@ -2,19 +2,29 @@
 
 Build: ``bash docs/build.sh`` (``sphinx-build -W --keep-going``; every warning fails it).
 
-Besides the usual settings this file holds two small directives and one check:
+Besides the usual settings this file holds one directive, one link rewrite and three checks:
 
 * ``recurrl-api``: the API reference of one package, one autodoc entry per name of its
   ``__all__`` (plus the lazily imported names listed in :data:`LAZY`), so a new public name
   appears without editing any page. A name exported by several packages is documented in
   its home package (the one whose module path it lives under) and listed as an alias in the
   others.
-* ``recurrl-help``: the ``--help`` text of a ``recurrl`` subcommand, produced by the real
-  parser (:func:`recurrl.trainers.cli.build_parser`) at build time, so the option list of the
-  training guide never goes stale.
+* in the guides, a code span that names a public object (``LSTMModule``,
+  ``recurrl.modules``, ``set_recurrent_mode()``) links to its API reference: the Markdown
+  stays plain code, which reads the same on the repository;
+* links to the repository files that the site shows as pages of their own
+  (:data:`SITE_PAGES`, e.g. ``benchmarks/learning/README.md``) are pointed at those pages, so
+  one Markdown link works both on the repository and on the site.
 * a check, when the build starts, that every public name of every documented package has a
-  docstring (a ``#:`` comment for data); a missing one is a warning, hence an error under
-  ``-W``.
+  docstring (a ``#:`` comment for data);
+* a check that every ``recurrl <command> --help`` text written in a guide (a fenced ``text``
+  block starting with ``usage: recurrl <command>``) is what the real parser
+  (:func:`recurrl.trainers.cli.build_parser`) prints, so the guides read the same on the
+  repository and never go stale: ``python docs/conf.py --update-help`` rewrites them;
+* a check that the rows a guide copies from another file (a table after a
+  ``<!-- rows from PATH -->`` comment) are still lines of that file.
+
+A failed check is a warning, hence an error under ``-W``.
 """
 
 from __future__ import annotations
@@ -29,8 +39,8 @@ import sys
 from pathlib import Path
 
 from docutils import nodes
-from docutils.parsers.rst import directives
 from docutils.statemachine import StringList
+from sphinx import addnodes
 from sphinx.ext.autodoc.preserve_defaults import update_defvalue
 from sphinx.ext.napoleon.docstring import GoogleDocstring
 from sphinx.pycode import ModuleAnalyzer
@@ -69,7 +79,7 @@ html_title = f"recurrl {release}"
 html_static_path: list[str] = []
 templates_path: list[str] = []
 
-# Markdown: `#`-anchors of headings (links such as README.md#popgym-table), $...$ left alone.
+# Markdown: `#`-anchors of headings (links such as README.md#popgym), $...$ left alone.
 myst_heading_anchors = 4
 myst_enable_extensions = ["colon_fence", "deflist"]
 suppress_warnings = ["myst.strikethrough"]
@@ -100,7 +110,7 @@ nitpick_ignore_regex = [
     (r"py:class", r"(T|_T|Self|NoneType|ellipsis|optional|callable|iterable)"),
 ]
 
-# ``recurrl-help``: a fixed width, so the generated text does not depend on the terminal.
+# The ``--help`` texts of the guides: a fixed width, so they do not depend on the terminal.
 os.environ["COLUMNS"] = "100"
 
 # The packages of the API reference, in the order of its pages. A name's home is the
@@ -246,23 +256,76 @@ class PackageAPI(SphinxDirective):
         return node.children
 
 
-class CommandHelp(SphinxDirective):
-    """``.. recurrl-help:: train``: the ``recurrl train --help`` text, from the real parser."""
+GUIDES = Path(__file__).resolve().parent / "guides"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# A fenced ``text`` block holding a ``--help`` text: group 1 the text, group 2 the command.
+_HELP_BLOCK = re.compile(r"^```text\n(usage: recurrl ([\w-]+)\b.*?)^```$", re.S | re.M)
 
-    optional_arguments = 1
-    option_spec = {"prog": directives.unchanged}
 
-    def run(self) -> list[nodes.Node]:
-        from recurrl.trainers.cli import build_parser
+def help_text(command: str) -> str:
+    """What ``recurrl <command> --help`` prints, 100 columns wide, without colours."""
+    from recurrl.trainers.cli import build_parser
 
-        parser = build_parser()
-        if self.arguments:
-            subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-            parser = subs.choices[self.arguments[0]]
-        text = parser.format_help()
-        block = nodes.literal_block(text, text)
-        block["language"] = "text"
-        return [block]
+    parser = build_parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return _ANSI.sub("", subs.choices[command].format_help())
+
+
+def _stale_help_blocks(text: str) -> list[tuple[str, str, str]]:
+    """(command, written, current) for each ``--help`` block of a guide that is out of date.
+
+    Whitespace is compared loosely: another Python may wrap the same options differently.
+    """
+    stale = []
+    for match in _HELP_BLOCK.finditer(text):
+        written, command = match.group(1), match.group(2)
+        current = help_text(command)
+        if written.split() != current.split():
+            stale.append((command, written, current))
+    return stale
+
+
+def check_help_texts(app) -> None:
+    """Warn for each ``--help`` text of a guide that the parser no longer prints."""
+    for path in sorted(GUIDES.glob("*.md")):
+        for command, _, _ in _stale_help_blocks(path.read_text()):
+            logger.warning(
+                f"{path.relative_to(ROOT)}: its `recurrl {command} --help` text is not what "
+                f"the parser prints (an option was added, renamed or documented anew); "
+                f"Fix: run `python docs/conf.py --update-help`"
+            )
+
+
+def update_help_texts() -> None:
+    """Rewrite the ``--help`` texts of the guides with what the parser prints now."""
+    for path in sorted(GUIDES.glob("*.md")):
+        text = path.read_text()
+        stale = _stale_help_blocks(text)
+        for _, written, current in stale:
+            text = text.replace(written, current, 1)
+        if stale:
+            path.write_text(text)
+            commands = ", ".join(f"recurrl {command} --help" for command, *_ in stale)
+            print(f"{path.relative_to(ROOT)}: {commands}")
+
+
+_ROWS_FROM = re.compile(r"^<!-- rows from (\S+) -->$", re.M)
+
+
+def check_copied_rows(app) -> None:
+    """Warn for each table row a guide copies from another file that the file no longer has."""
+    for path in sorted(GUIDES.glob("*.md")):
+        text = path.read_text()
+        for match in _ROWS_FROM.finditer(text):
+            source = (path.parent / match.group(1)).resolve()
+            lines = set(source.read_text().splitlines()) if source.is_file() else set()
+            table = text[match.end() :].lstrip("\n").split("\n\n", 1)[0].splitlines()
+            for row in table:
+                if row not in lines:
+                    logger.warning(
+                        f"{path.relative_to(ROOT)}: a row copied from {match.group(1)} is no "
+                        f"longer there (re-copy it from that file): {row[:80]}"
+                    )
 
 
 def _attribute_docstring(self: GoogleDocstring) -> list[str]:
@@ -360,9 +423,9 @@ def _documented_names() -> dict[int, str]:
 def resolve_missing(app, env, node, contnode):
     """Resolve a Python cross-reference that Sphinx could not, or let it fail.
 
-    Docstrings name objects by their defining module (``recurrl.functional.rnn.GRU``) or
+    Docstrings name objects by their defining module (``recurrl.modules.nets.rnn.GRU``) or
     by a short name in scope; the reference pages document them under their public path
-    (``recurrl.functional.GRU``). A target that is an existing object documented under
+    (``recurrl.modules.GRU``). A target that is an existing object documented under
     another name links there; one that exists but is not public (a private helper, a
     standard-library exception) is shown as code; one that does not exist at all (a typo, a
     renamed object) stays a warning, which fails the build.
@@ -472,24 +535,108 @@ def init_signature(app, what, name, obj, options, signature, return_annotation):
 
 _BARE_LINK = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:|[#/.])([^)\s]+)\)")
 
+#: The repository files that the site shows as pages of their own, by including them: a link
+#: to one of them (right on the repository) is pointed at its page on the site.
+SITE_PAGES = {
+    "benchmarks/learning/README.md": "results",
+    "benchmarks/README.md": "benchmarks",
+    "benchmarks/HISTORY.md": "history",
+}
+_FILE_LINK = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:|[#/])([^)\s#]+)(#[^)\s]*)?\)")
+
+
+def _site_page_links(text: str, folder: Path) -> str:
+    """``text`` with its links to the files of :data:`SITE_PAGES` pointed at their pages."""
+
+    def to_page(match: re.Match) -> str:
+        target = (folder / match.group(1)).resolve()
+        if not target.is_relative_to(ROOT):
+            return match.group(0)
+        page = SITE_PAGES.get(target.relative_to(ROOT).as_posix())
+        if page is None:
+            return match.group(0)
+        return f"](/{page}.md{match.group(2) or ''})"  # "/": from the documentation's root
+
+    return _FILE_LINK.sub(to_page, text)
+
+
+@functools.cache
+def _code_targets() -> dict[str, tuple[str, str]]:
+    """Code span text -> (role, documented name) for every public object and package.
+
+    A short name that two documented objects share links nowhere (it stays plain code).
+    """
+    targets: dict[str, tuple[str, str]] = {}
+    shared: set[str] = set()
+    for full in _documented_names().values():
+        targets[full] = ("obj", full)
+        short = full.rsplit(".", 1)[1]
+        if short in targets and targets[short][1] != full:
+            shared.add(short)
+        targets.setdefault(short, ("obj", full))
+    for short in shared:
+        del targets[short]
+    for package in PACKAGES:
+        targets[package] = ("mod", package)
+    return targets
+
+
+def link_code_spans(app, doctree: nodes.document) -> None:
+    """In the guides and the index, turn code spans that name public objects into links."""
+    docname = app.env.docname
+    if not (docname.startswith("guides/") or docname == "index"):
+        return
+    targets = _code_targets()
+    for literal in list(doctree.findall(nodes.literal)):
+        if isinstance(literal.parent, (nodes.reference, addnodes.pending_xref)):
+            continue
+        text = literal.astext()
+        target = targets.get(text.removesuffix("()"))
+        if target is None:
+            continue
+        role, name = target
+        xref = addnodes.pending_xref(
+            "", refdomain="py", reftype=role, reftarget=name, refdoc=docname, refexplicit=True
+        )
+        xref += nodes.literal(text, text, classes=["xref", "py"])
+        literal.replace_self(xref)
+
+
+def page_links(app, docname: str, source: list[str]) -> None:
+    """Point a Markdown page's links to the files of :data:`SITE_PAGES` at their pages."""
+    path = Path(app.env.doc2path(docname))
+    if path.suffix == ".md":
+        source[0] = _site_page_links(source[0], path.parent)
+
 
 def relative_links(app, relative_path: Path, parent_docname: str, content: list[str]) -> None:
-    """Prefix the bare relative links of an included Markdown file with ``./``.
+    """Fix the relative links of an included Markdown file.
 
-    The pages that include ``benchmarks/*.md`` pass ``:relative-docs: .``, which resolves the
-    links starting with ``.`` from the included file's folder; ``[x](popgym_table.py)`` would
-    otherwise be looked up next to the including page and fail.
+    Links to the files of :data:`SITE_PAGES` go to their pages. The pages that include
+    ``benchmarks/*.md`` pass ``:relative-docs: .``, which resolves the links starting with
+    ``.`` from the included file's folder; the bare ones are prefixed with ``./``, since
+    ``[x](popgym_table.py)`` would otherwise be looked up next to the including page and fail.
     """
     if str(relative_path).endswith(".md"):
-        content[0] = _BARE_LINK.sub(r"](./\1)", content[0])
+        folder = (Path(app.srcdir) / relative_path).resolve().parent
+        content[0] = _BARE_LINK.sub(r"](./\1)", _site_page_links(content[0], folder))
 
 
 def setup(app) -> dict[str, object]:
+    app.connect("source-read", page_links)
+    app.connect("doctree-read", link_code_spans)
     app.connect("include-read", relative_links)
     app.connect("autodoc-process-docstring", plain_bars)
     app.connect("autodoc-process-signature", init_signature)
     app.connect("missing-reference", resolve_missing)
     app.add_directive("recurrl-api", PackageAPI)
-    app.add_directive("recurrl-help", CommandHelp)
     app.connect("builder-inited", check_docstrings)
+    app.connect("builder-inited", check_help_texts)
+    app.connect("builder-inited", check_copied_rows)
     return {"parallel_read_safe": True}
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--update-help"]:
+        sys.exit("usage: python docs/conf.py --update-help   (rewrite the guides' --help texts)")
+    update_help_texts()
