@@ -51,8 +51,7 @@ from _timing import compare
 
 from recurrl._ext import extension_unavailable_reason
 from recurrl.functional.recurrent import RNNConfig, recurrent_unroll
-from recurrl.functional.recurrent.linear_cells import MinGRU
-from recurrl.functional.recurrent.lru import LRU
+from recurrl.modules.nets import LRU, MinGRU
 
 B, F, H = 16, 16, 64
 CANDIDATES = {

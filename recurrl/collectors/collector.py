@@ -13,8 +13,11 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from recurrl.collectors._policy_plan import plan_policy
-from recurrl.collectors._wiring import MissingPolicyTransformsError, register_policy_transforms
 from recurrl.envs import EnvBase
+from recurrl.envs.transforms.from_module import (
+    MissingPolicyTransformsError,
+    register_policy_transforms,
+)
 from recurrl.envs.utils import count_true, tensordict_of_checked
 from recurrl.modules import set_recurrent_mode
 

@@ -4,7 +4,7 @@
 recurrent ``policy`` needs from its env: an :class:`~recurrl.envs.InitTracker` (``is_init``)
 and a :class:`~recurrl.envs.TensorDictPrimer` for its state keys, exactly the wiring the
 :class:`~recurrl.collectors.Collector` does with ``auto_register_policy_transforms=True``
-(one implementation: :func:`recurrl.collectors._wiring.register_policy_transforms`).
+(one implementation: :func:`recurrl.envs.transforms.from_module.register_policy_transforms`).
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ def with_policy_transforms(env: Any, policy: Any) -> Any:
             f"{type(env).__name__}(policy=...): expected the policy (a callable TensorDict -> "
             f"TensorDict, e.g. a TensorDictModule), received {type(policy).__name__}."
         )
-    # Imported here: the collectors package imports recurrl.envs.
-    from recurrl.collectors._wiring import register_policy_transforms
+    # Imported here, as EnvBase.append_transform imports TransformedEnv: the transforms
+    # subclass EnvBase, whose metaclass this module defines.
+    from recurrl.envs.transforms.from_module import register_policy_transforms
 
     return register_policy_transforms(env, policy, auto=True)
 

@@ -1,6 +1,7 @@
-"""Pure tensor code: cells, python-native RNN modules, reset-aware unrolling, precision modes.
+"""Pure tensor code: cell step functions, reset-aware unrolling, returns, precision modes.
 
-Nothing in this package imports tensordict.
+Functions and kernels only: the networks (python-native ``LSTM``/``GRU``, ``MinGRU``, ``LRU``)
+are in :mod:`recurrl.modules`. Nothing in this package imports tensordict.
 """
 
 from recurrl.functional.cells import (
@@ -34,17 +35,12 @@ from recurrl.functional.returns import (
     td0_return_estimate,
     td_lambda_return_estimate,
 )
-from recurrl.functional.rnn import GRU, LSTM, GRUCell, LSTMCell
 from recurrl.functional.sequences import segment_starts, split_pieces, trajectory_ends
 from recurrl.functional.value_rescale import signed_hyperbolic, signed_parabolic
 
 __all__ = [
-    "GRU",
-    "LSTM",
     "RECURRENT_BACKENDS",
     "CellKind",
-    "GRUCell",
-    "LSTMCell",
     "RNNConfig",
     "RecurrentBackend",
     "RecurrentMatmulPrecision",

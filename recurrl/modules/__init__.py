@@ -1,32 +1,37 @@
-"""TensorDict modules for recurrent policies.
+"""TensorDict modules for recurrent policies, and the networks they wrap.
 
-``get_primers_from_module`` and ``get_env_transforms_from_module`` are documented aliases of
-:mod:`recurrl.envs`' functions (see :mod:`recurrl.modules.utils`), resolved on first access:
-importing this package does not import :mod:`recurrl.envs`.
+``get_primers_from_module`` and ``get_env_transforms_from_module`` build env transforms with
+the builders :mod:`recurrl.envs` registers when it is imported (see
+:mod:`recurrl.modules.utils`): importing this package does not import :mod:`recurrl.envs`.
 """
 
-from typing import TYPE_CHECKING, Any
+# first: the built-in memories register as they are imported, and --memory lists them in
+# that order (lstm, gru, lru, mingru)
+from recurrl.modules.lstm import LSTMModule
 
+# isort: split
 from recurrl.functional.precision import (
     RecurrentMatmulPrecision,
     RecurrentMatmulPrecisionUserMode,
     get_recurrent_matmul_precision,
     set_recurrent_matmul_precision,
 )
-from recurrl.functional.rnn import GRU, LSTM, GRUCell, LSTMCell
 from recurrl.modules.gru import GRUModule
 from recurrl.modules.lru import LRU, LRUModule
-from recurrl.modules.lstm import LSTMModule
 from recurrl.modules.lstm_net import LSTMNet
 from recurrl.modules.mingru import MinGRU, MinGRUModule
 from recurrl.modules.mlp import MLP
+from recurrl.modules.nets import GRU, LSTM, GRUCell, LSTMCell
 from recurrl.modules.recurrent import RecurrentModule
 from recurrl.modules.recurrent_mode import recurrent_mode, set_recurrent_mode
+from recurrl.modules.registry import MEMORY_REGISTRY, memory_names, register_memory
+from recurrl.modules.utils import get_env_transforms_from_module, get_primers_from_module
 
 __all__ = [
     "GRU",
     "LRU",
     "LSTM",
+    "MEMORY_REGISTRY",
     "MLP",
     "GRUCell",
     "GRUModule",
@@ -42,19 +47,9 @@ __all__ = [
     "get_env_transforms_from_module",
     "get_primers_from_module",
     "get_recurrent_matmul_precision",
+    "memory_names",
     "recurrent_mode",
+    "register_memory",
     "set_recurrent_matmul_precision",
     "set_recurrent_mode",
 ]
-
-if TYPE_CHECKING:
-    from recurrl.modules.utils import get_env_transforms_from_module, get_primers_from_module
-
-
-def __getattr__(name: str) -> Any:
-    # PEP 562: the env-side aliases load recurrl.envs on first access only.
-    if name in ("get_env_transforms_from_module", "get_primers_from_module"):
-        from recurrl.modules import utils
-
-        return getattr(utils, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,8 +8,9 @@ import torch
 from tensordict.utils import NestedKey
 from torch import nn
 
-from recurrl.functional.rnn import GRU
+from recurrl.modules.nets.rnn import GRU
 from recurrl.modules.recurrent import RecurrentModule
+from recurrl.modules.registry import register_memory
 
 __all__ = ["GRUModule"]
 
@@ -66,11 +67,11 @@ class GRUModule(RecurrentModule):
         (torch.Size([4, 8]), torch.Size([4, 1, 8]))
     """
 
-    _mode = "gru"
-    _rnn_name = "gru"
-    _default_state_keys = ("recurrent_state",)
-    _torch_cls = nn.GRU
-    _python_cls = GRU
+    cell = "gru"
+    network_attr = "gru"
+    default_state_keys = ("recurrent_state",)
+    network_class = nn.GRU
+    python_network_class = GRU
 
     def __init__(
         self,
@@ -80,7 +81,7 @@ class GRUModule(RecurrentModule):
         bias: bool = True,
         dropout: float = 0.0,
         python_based: bool = False,
-        recurrent_backend: str = "pad",
+        recurrent_backend: str = "auto",
         recurrent_compute_dtype: torch.dtype = torch.float32,
         recurrent_recompute: str = "none",
         recurrent_matmul_precision: str = "auto",
@@ -95,14 +96,14 @@ class GRUModule(RecurrentModule):
         batch_first: bool = True,
         bidirectional: bool = False,
     ) -> None:
-        super().__init__()
-        self._setup(
-            input_size=input_size, hidden_size=hidden_size, num_layers=num_layers, bias=bias,
-            dropout=dropout, proj_size=0, python_based=python_based,
-            recurrent_backend=recurrent_backend, recurrent_compute_dtype=recurrent_compute_dtype,
-            recurrent_recompute=recurrent_recompute,
-            recurrent_matmul_precision=recurrent_matmul_precision, in_key=in_key,
-            in_keys=in_keys, out_key=out_key, out_keys=out_keys, device=device, rnn=gru,
+        super().__init__(
+            input_size, hidden_size, num_layers, bias, dropout, python_based,
+            recurrent_backend, recurrent_compute_dtype, recurrent_recompute,
+            recurrent_matmul_precision, in_key=in_key, in_keys=in_keys, out_key=out_key,
+            out_keys=out_keys, device=device, rnn=gru,
             default_recurrent_mode=default_recurrent_mode, batch_first=batch_first,
             bidirectional=bidirectional,
         )  # fmt: skip
+
+
+register_memory("gru", GRUModule, ("h",))

@@ -10,9 +10,10 @@ import torch
 from tensordict.utils import NestedKey
 from torch import nn
 
-from recurrl.functional.recurrent.lru import LRU
 from recurrl.modules.mingru import _NativeNetwork
+from recurrl.modules.nets.linear import LRU
 from recurrl.modules.recurrent import RecurrentModule
+from recurrl.modules.registry import register_memory
 
 __all__ = ["LRU", "LRUModule"]
 
@@ -36,7 +37,7 @@ class LRUModule(_NativeNetwork, RecurrentModule):
 
     so recurrent mode runs as a reset-aware complex parallel scan (backend ``"assoc"``, what
     ``"auto"`` picks) instead of a loop over time. The network is always recurrl's own
-    (:class:`~recurrl.functional.recurrent.lru.LRU`, python-native torch ops):
+    (:class:`~recurrl.modules.nets.linear.LRU`, python-native torch ops):
     :attr:`python_based` is True, and ``"pad"`` runs that network on the pieces between
     resets. Each layer is linear in its input: put nonlinear layers before and after it.
 
@@ -48,7 +49,7 @@ class LRUModule(_NativeNetwork, RecurrentModule):
             resets); all give the same numbers. ``"triton"`` refuses the cell.
             Default: "auto".
         recurrent_recompute: ``"none"`` or ``"full"`` (recompute activations in backward;
-            with ``"assoc"``, ``"scan"`` or ``"cpp"``: ``"pad"`` and ``"auto"`` raise).
+            ``"pad"`` cannot and raises; ``"auto"`` then picks among the others).
             Default: "none".
         r_min: the smallest initial ``|lambda|`` (the paper's ring initialisation).
             Default: 0.0.
@@ -61,7 +62,7 @@ class LRUModule(_NativeNetwork, RecurrentModule):
         in_keys: ``[input, y, h]`` keys (``"is_init"`` is appended). Exclusive with
             ``in_key``.
         out_keys: ``[output, ("next", y), ("next", h)]``. Exclusive with ``out_key``.
-        lru: an existing :class:`~recurrl.functional.recurrent.lru.LRU` to wrap, exclusive
+        lru: an existing :class:`~recurrl.modules.nets.linear.LRU` to wrap, exclusive
             with the arguments that build one (``r_min``, ``r_max`` and ``max_phase``
             included).
 
@@ -87,11 +88,11 @@ class LRUModule(_NativeNetwork, RecurrentModule):
         torch.Size([4, 10, 8])
     """
 
-    _mode = "lru"
-    _rnn_name = "lru"
-    _default_state_keys = ("recurrent_state_y", "recurrent_state_h")
-    _torch_cls = LRU
-    _python_cls = LRU
+    cell = "lru"
+    network_attr = "lru"
+    default_state_keys = ("recurrent_state_y", "recurrent_state_h")
+    network_class = LRU
+    python_network_class = LRU
 
     def __init__(
         self,
@@ -114,7 +115,6 @@ class LRUModule(_NativeNetwork, RecurrentModule):
         lru: nn.Module | None = None,
         default_recurrent_mode: bool | None = None,
     ) -> None:
-        super().__init__()
         ring = (r_min, r_max, max_phase)
         if lru is not None and ring != (0.0, 1.0, 2 * math.pi):
             raise ValueError(
@@ -122,12 +122,10 @@ class LRUModule(_NativeNetwork, RecurrentModule):
                 f"the arguments that build one; drop r_min, r_max and max_phase (they were "
                 f"used when the wrapped LRU was initialised)."
             )
-        self._ring = ring
-        self._setup(
-            input_size=input_size, hidden_size=hidden_size, num_layers=num_layers, bias=bias,
-            dropout=dropout, proj_size=0, python_based=True,
-            recurrent_backend=recurrent_backend, recurrent_compute_dtype=torch.float32,
-            recurrent_recompute=recurrent_recompute, recurrent_matmul_precision="auto",
+        self._ring = ring  # read by _build_rnn during the base's construction
+        super().__init__(
+            input_size, hidden_size, num_layers, bias, dropout, python_based=True,
+            recurrent_backend=recurrent_backend, recurrent_recompute=recurrent_recompute,
             in_key=in_key, in_keys=in_keys, out_key=out_key, out_keys=out_keys, device=device,
             rnn=lru, default_recurrent_mode=default_recurrent_mode,
         )  # fmt: skip
@@ -142,3 +140,6 @@ class LRUModule(_NativeNetwork, RecurrentModule):
         return super()._build_rnn(
             rnn, input_size, hidden_size, num_layers, bias, dropout, proj_size, device
         )
+
+
+register_memory("lru", LRUModule, ("y", "h"))

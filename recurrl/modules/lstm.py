@@ -8,8 +8,9 @@ import torch
 from tensordict.utils import NestedKey
 from torch import nn
 
-from recurrl.functional.rnn import LSTM
+from recurrl.modules.nets.rnn import LSTM
 from recurrl.modules.recurrent import RecurrentModule
+from recurrl.modules.registry import register_memory
 
 __all__ = ["LSTMModule"]
 
@@ -73,11 +74,11 @@ class LSTMModule(RecurrentModule):
         (torch.Size([4, 8]), torch.Size([4, 1, 8]))
     """
 
-    _mode = "lstm"
-    _rnn_name = "lstm"
-    _default_state_keys = ("recurrent_state_h", "recurrent_state_c")
-    _torch_cls = nn.LSTM
-    _python_cls = LSTM
+    cell = "lstm"
+    network_attr = "lstm"
+    default_state_keys = ("recurrent_state_h", "recurrent_state_c")
+    network_class = nn.LSTM
+    python_network_class = LSTM
 
     def __init__(
         self,
@@ -87,7 +88,7 @@ class LSTMModule(RecurrentModule):
         bias: bool = True,
         dropout: float = 0.0,
         python_based: bool = False,
-        recurrent_backend: str = "pad",
+        recurrent_backend: str = "auto",
         recurrent_compute_dtype: torch.dtype = torch.float32,
         recurrent_recompute: str = "none",
         recurrent_matmul_precision: str = "auto",
@@ -103,14 +104,14 @@ class LSTMModule(RecurrentModule):
         batch_first: bool = True,
         bidirectional: bool = False,
     ) -> None:
-        super().__init__()
-        self._setup(
-            input_size=input_size, hidden_size=hidden_size, num_layers=num_layers, bias=bias,
-            dropout=dropout, proj_size=proj_size, python_based=python_based,
-            recurrent_backend=recurrent_backend, recurrent_compute_dtype=recurrent_compute_dtype,
-            recurrent_recompute=recurrent_recompute,
-            recurrent_matmul_precision=recurrent_matmul_precision, in_key=in_key,
-            in_keys=in_keys, out_key=out_key, out_keys=out_keys, device=device, rnn=lstm,
+        super().__init__(
+            input_size, hidden_size, num_layers, bias, dropout, python_based,
+            recurrent_backend, recurrent_compute_dtype, recurrent_recompute,
+            recurrent_matmul_precision, proj_size, in_key=in_key, in_keys=in_keys,
+            out_key=out_key, out_keys=out_keys, device=device, rnn=lstm,
             default_recurrent_mode=default_recurrent_mode, batch_first=batch_first,
             bidirectional=bidirectional,
         )  # fmt: skip
+
+
+register_memory("lstm", LSTMModule, ("h", "c"))

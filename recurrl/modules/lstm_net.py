@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from recurrl.functional.rnn import LSTM
 from recurrl.modules.mlp import MLP
+from recurrl.modules.nets.rnn import LSTM
 
 __all__ = ["LSTMNet"]
 

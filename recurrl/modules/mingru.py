@@ -8,8 +8,9 @@ import torch
 from tensordict.utils import NestedKey
 from torch import nn
 
-from recurrl.functional.recurrent.linear_cells import MinGRU
+from recurrl.modules.nets.linear import MinGRU
 from recurrl.modules.recurrent import RecurrentModule
+from recurrl.modules.registry import register_memory
 
 __all__ = ["MinGRU", "MinGRUModule"]
 
@@ -40,7 +41,7 @@ class MinGRUModule(_NativeNetwork, RecurrentModule):
 
     so recurrent mode runs as a reset-aware parallel scan (backend ``"assoc"``, what
     ``"auto"`` picks) instead of a loop over time. The network is always recurrl's own
-    (:class:`~recurrl.functional.recurrent.linear_cells.MinGRU`, python-native torch ops):
+    (:class:`~recurrl.modules.nets.linear.MinGRU`, python-native torch ops):
     :attr:`python_based` is True, and ``"pad"`` runs that network on the pieces between
     resets.
 
@@ -52,7 +53,7 @@ class MinGRUModule(_NativeNetwork, RecurrentModule):
             resets); all give the same numbers. ``"triton"`` refuses the cell.
             Default: "auto".
         recurrent_recompute: ``"none"`` or ``"full"`` (recompute activations in backward;
-            with ``"assoc"``, ``"scan"`` or ``"cpp"``: ``"pad"`` and ``"auto"`` raise).
+            ``"pad"`` cannot and raises; ``"auto"`` then picks among the others).
             Default: "none".
 
     Keyword Args:
@@ -60,7 +61,7 @@ class MinGRUModule(_NativeNetwork, RecurrentModule):
             with ``in_keys``.
         in_keys: ``[input, h]`` keys (``"is_init"`` is appended). Exclusive with ``in_key``.
         out_keys: ``[output, ("next", h)]``. Exclusive with ``out_key``.
-        mingru: an existing :class:`~recurrl.functional.recurrent.linear_cells.MinGRU` to
+        mingru: an existing :class:`~recurrl.modules.nets.linear.MinGRU` to
             wrap, exclusive with the arguments that build one.
 
     Examples:
@@ -84,11 +85,11 @@ class MinGRUModule(_NativeNetwork, RecurrentModule):
         torch.Size([4, 10, 8])
     """
 
-    _mode = "mingru"
-    _rnn_name = "mingru"
-    _default_state_keys = ("recurrent_state",)
-    _torch_cls = MinGRU
-    _python_cls = MinGRU
+    cell = "mingru"
+    network_attr = "mingru"
+    default_state_keys = ("recurrent_state",)
+    network_class = MinGRU
+    python_network_class = MinGRU
 
     def __init__(
         self,
@@ -108,12 +109,12 @@ class MinGRUModule(_NativeNetwork, RecurrentModule):
         mingru: nn.Module | None = None,
         default_recurrent_mode: bool | None = None,
     ) -> None:
-        super().__init__()
-        self._setup(
-            input_size=input_size, hidden_size=hidden_size, num_layers=num_layers, bias=bias,
-            dropout=dropout, proj_size=0, python_based=True,
-            recurrent_backend=recurrent_backend, recurrent_compute_dtype=torch.float32,
-            recurrent_recompute=recurrent_recompute, recurrent_matmul_precision="auto",
+        super().__init__(
+            input_size, hidden_size, num_layers, bias, dropout, python_based=True,
+            recurrent_backend=recurrent_backend, recurrent_recompute=recurrent_recompute,
             in_key=in_key, in_keys=in_keys, out_key=out_key, out_keys=out_keys, device=device,
             rnn=mingru, default_recurrent_mode=default_recurrent_mode,
         )  # fmt: skip
+
+
+register_memory("mingru", MinGRUModule, ("h",))

@@ -35,6 +35,7 @@ from recurrl.functional.recurrent import (
     recurrent_unroll,
 )
 from recurrl.modules._arg_docs import complete_arguments_doc
+from recurrl.modules._env_transforms import env_transform_builders
 from recurrl.modules._fast_step import StepPlan, fast_step, step_plan
 from recurrl.modules._readers import IS_INIT_KEY, CheckedReaders, _as_key, _show
 from recurrl.modules.recurrent_mode import _current
@@ -76,25 +77,19 @@ def _check_layout(name: str, batch_first: object, bidirectional: object) -> None
         )
 
 
-def _check_auto_recompute(name: str, backend: str, recompute: str) -> None:
-    """``"auto"`` may pick ``"pad"``, which cannot recompute: the pair is refused rather than
-    recompute being silently dropped on the inputs where ``auto`` picks ``pad``."""
-    if backend == "auto" and recompute == "full":
-        raise ValueError(
-            f"{name}: recurrent_recompute='full' cannot be combined with "
-            f"recurrent_backend='auto': auto picks 'pad' (torch's fused kernels, which keep "
-            f"their own activations for backward) on CUDA, and for the LSTM on CPU on batches "
-            f"without a restart inside a row or where recurrl's C++ kernels do not build, "
-            f"where nothing would be recomputed. Fix: recurrent_backend='scan' or 'cpp' (or "
-            f"'triton' on a GPU) with recurrent_recompute='full', or keep 'auto' with "
-            f"recurrent_recompute='none'."
-        )
-
-
 class RecurrentModule(CheckedReaders, TensorDictModuleBase):
-    """Base class of the recurrent TensorDict modules: their keys, their two modes and the
-    constructor arguments they share. Use :class:`LSTMModule` or :class:`GRUModule`; a
-    subclass declares the class attributes below and its ``__init__``.
+    """Base class of the recurrent TensorDict modules: their keys, their two modes and their
+    constructor, the one every recurrent module shares (:class:`LSTMModule`,
+    :class:`GRUModule`, :class:`MinGRUModule`, :class:`LRUModule` are named entry points to
+    it with the reference library's signatures).
+
+    A module for another cell kind is a subclass that declares four class attributes and no
+    ``__init__``: ``cell`` (a registered cell kind), ``network_class`` (the network it builds
+    or wraps, in ``nn.LSTM``'s layout), ``default_state_keys`` (one key per state) and,
+    optionally, ``python_network_class`` (a python-native twin for ``python_based=True``) and
+    ``network_attr`` (the attribute holding the network; default ``"network"``). Register it
+    with :func:`~recurrl.modules.register_memory` to train it with ``recurrl train
+    --memory``; see ``docs/adding_a_cell.md``.
 
     A module reads ``in_keys = [input, *states, "is_init"]`` and writes ``out_keys =
     [output, *(("next", state) for state in states)]``; every state is
@@ -122,50 +117,146 @@ class RecurrentModule(CheckedReaders, TensorDictModuleBase):
         dropout: dropout on the outputs of every layer but the last (training). Default: 0.
         python_based: use recurrl's python-native network instead of torch's fused one
             (works under ``torch.vmap``/``torch.compile``). Default: False.
-        recurrent_backend: how recurrent mode handles resets: ``"pad"`` (split at resets, run
-            torch's fused kernel on the pieces), ``"scan"`` (time loop with ``where``),
-            ``"triton"`` (GPU kernel), ``"cpp"`` (scan's loop in C++ on CPU, compiled on
-            first use; a one-layer network's sequential step then runs in C++ too, where
-            autograd does not record) or ``"auto"`` (the fastest for the input: ``cpp`` on
-            CPU where it builds, for the LSTM on batches with a restart inside a row, else
-            ``pad`` or ``scan``; ``pad`` or ``triton`` on CUDA; see
-            :func:`~recurrl.functional.recurrent.resolve_backend`). All give the same
-            numbers up to float rounding. Default: "pad".
+        recurrent_backend: how recurrent mode runs a batch with resets: ``"auto"`` (the
+            default: the fastest backend that runs the input, picked per batch by
+            :func:`~recurrl.functional.recurrent.resolve_backend`, which documents the
+            rule), ``"pad"`` (split at resets, torch's fused kernel on the pieces),
+            ``"scan"`` (time loop with ``where``), ``"triton"`` (GPU kernel), ``"cpp"``
+            (scan's loop in C++ on CPU, compiled on first use) or any name of
+            :func:`~recurrl.functional.recurrent.recurrent_backend_names`. All give the
+            same numbers up to float rounding. Default: "auto".
         recurrent_compute_dtype: dtype of the ``triton`` backend's recurrent matmul
             (``torch.float32`` or ``torch.bfloat16``). Default: ``torch.float32``.
         recurrent_recompute: ``"none"`` or ``"full"`` (recompute activations in backward;
-            with ``"scan"``, ``"triton"`` or ``"cpp"``: ``"pad"`` and ``"auto"`` raise).
+            ``"pad"`` cannot and raises; ``"auto"`` then picks among the others).
             Default: "none".
         recurrent_matmul_precision: precision of the ``triton`` backend's matmul:
             ``"ieee"``, ``"tf32"``, ``"tf32x3"``, ``"fast"``, ``"high-prec"`` or ``"auto"``.
             Default: "auto".
+        proj_size: output projection size of an LSTM (0 for none; other cells refuse
+            projections). Default: 0.
 
     Keyword Args:
+        in_key: the input key; the state keys default to the class's
+            ``default_state_keys``. Exclusive with ``in_keys``.
+        in_keys: ``[input, *states]`` keys (``"is_init"`` is appended). Exclusive with
+            ``in_key``.
         out_key: the output key; the state outputs default to ``("next", <state key>)``.
             Exclusive with ``out_keys``.
+        out_keys: ``[output, *(("next", state) for state in states)]``. Exclusive with
+            ``out_key``.
         device: device of the parameters.
+        rnn: an existing network (a ``network_class`` or ``python_network_class``) to wrap,
+            exclusive with the arguments that build one.
         default_recurrent_mode: mode when no ``set_recurrent_mode`` is active. Default: False.
         batch_first: accepted for compatibility; only ``True`` is supported (time is the last
             batch dim of the TensorDict). Anything else raises ``ValueError``.
         bidirectional: accepted for compatibility; only ``False`` is supported (a policy
             acts one step at a time). Anything else raises ``ValueError``.
+
+    Examples:
+        A module of torch's GRU with its own state key, declared in four lines:
+
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> class MyGRU(RecurrentModule):
+        ...     cell = "gru"
+        ...     network_class = torch.nn.GRU
+        ...     default_state_keys = ("memory",)
+        >>> module = MyGRU(3, 8, in_key="obs", out_key="features")
+        >>> module.in_keys, module.rnn.hidden_size
+        (['obs', 'memory', 'is_init'], 8)
+        >>> step = TensorDict({"obs": torch.randn(4, 3),
+        ...                    "is_init": torch.ones(4, 1, dtype=torch.bool)}, batch_size=[4])
+        >>> module(step)["next", "memory"].shape
+        torch.Size([4, 1, 8])
     """
 
-    #: ``"lstm"`` or ``"gru"``
+    #: The cell kind the module runs (a name of the cell registry,
+    #: :func:`~recurrl.functional.recurrent.cell.register_cell_kind`): ``"lstm"``, ``"gru"``...
+    cell: ClassVar[str]
+    #: The network class built from ``input_size``, ``hidden_size``, ... (torch's ``nn.LSTM``
+    #: layout: ``cls(input_size, hidden_size, num_layers, bias=, batch_first=True, dropout=,
+    #: device=)``, weights in ``_flat_weights`` order), or accepted as ``rnn=``.
+    network_class: ClassVar[type[nn.Module]]
+    #: A python-native twin of ``network_class`` with the same parameters (what
+    #: ``python_based=True`` runs), or ``None``: the module then refuses ``python_based``.
+    python_network_class: ClassVar[type[nn.Module] | None] = None
+    #: Default names of the state keys, one per state of the cell (``in_key=`` uses them).
+    default_state_keys: ClassVar[tuple[str, ...]]
+    #: The attribute holding the wrapped network (``"lstm"`` for ``LSTMModule``); the
+    #: :attr:`rnn` property reads it whatever its name.
+    network_attr: ClassVar[str] = "network"
+
+    # the internal names of the class attributes above (kept in sync by __init_subclass__)
     _mode: ClassVar[str]
-    #: attribute (and constructor argument) holding the wrapped network: ``"lstm"``/``"gru"``
-    _rnn_name: ClassVar[str]
-    #: default names of the state keys
+    _rnn_name: ClassVar[str] = "network"
     _default_state_keys: ClassVar[tuple[str, ...]]
     _torch_cls: ClassVar[type[nn.Module]]
-    _python_cls: ClassVar[type[nn.Module]]
+    _python_cls: ClassVar[type[nn.Module] | None] = None
+
+    _PUBLIC = (
+        ("cell", "_mode"), ("network_class", "_torch_cls"),
+        ("python_network_class", "_python_cls"), ("default_state_keys", "_default_state_keys"),
+        ("network_attr", "_rnn_name"),
+    )  # fmt: skip
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        for public, private in RecurrentModule._PUBLIC:
+            if public in cls.__dict__:
+                setattr(cls, private, cls.__dict__[public])
+            elif private in cls.__dict__:
+                setattr(cls, public, cls.__dict__[private])
         # the shared argument documentation, nearest base first (a subclass of LSTMModule
         # gets the LSTM's entries)
         bases = [b.__doc__ for b in cls.__mro__[1:] if issubclass(b, RecurrentModule)]
         complete_arguments_doc(cls, *bases)
+
+    def __init__(
+        self,
+        input_size: int | None = None,
+        hidden_size: int | None = None,
+        num_layers: int = 1,
+        bias: bool = True,
+        dropout: float = 0.0,
+        python_based: bool = False,
+        recurrent_backend: str = "auto",
+        recurrent_compute_dtype: torch.dtype = torch.float32,
+        recurrent_recompute: str = "none",
+        recurrent_matmul_precision: str = "auto",
+        proj_size: int = 0,
+        *,
+        in_key: NestedKey | None = None,
+        in_keys: Sequence[NestedKey] | None = None,
+        out_key: NestedKey | None = None,
+        out_keys: Sequence[NestedKey] | None = None,
+        device: torch.device | str | None = None,
+        rnn: nn.Module | None = None,
+        default_recurrent_mode: bool | None = None,
+        batch_first: bool = True,
+        bidirectional: bool = False,
+    ) -> None:
+        missing = [p for p in ("cell", "network_class", "default_state_keys")
+                   if not hasattr(type(self), p)]  # fmt: skip
+        if missing:
+            raise TypeError(
+                f"{type(self).__name__}: a RecurrentModule subclass declares the class "
+                f"attributes cell, network_class and default_state_keys; missing {missing}. "
+                f"Fix: use LSTMModule / GRUModule / MinGRUModule / LRUModule, or declare them "
+                f"(see docs/adding_a_cell.md)."
+            )
+        super().__init__()
+        self._setup(
+            input_size=input_size, hidden_size=hidden_size, num_layers=num_layers, bias=bias,
+            dropout=dropout, proj_size=proj_size, python_based=python_based,
+            recurrent_backend=recurrent_backend, recurrent_compute_dtype=recurrent_compute_dtype,
+            recurrent_recompute=recurrent_recompute,
+            recurrent_matmul_precision=recurrent_matmul_precision, in_key=in_key,
+            in_keys=in_keys, out_key=out_key, out_keys=out_keys, device=device, rnn=rnn,
+            default_recurrent_mode=default_recurrent_mode, batch_first=batch_first,
+            bidirectional=bidirectional,
+        )  # fmt: skip
 
     def _setup(
         self,
@@ -197,18 +288,10 @@ class RecurrentModule(CheckedReaders, TensorDictModuleBase):
         rnn = self._build_rnn(
             rnn, input_size, hidden_size, num_layers, bias, dropout, proj_size, device
         )
-        _check_auto_recompute(name, recurrent_backend, recurrent_recompute)
-        check_recurrent_options(
-            recurrent_backend,
-            recurrent_recompute,
-            python_based=python_based,
-            device=device,
-            proj_size=getattr(rnn, "proj_size", 0),
-            mode=self._mode,
-        )
-        options = self._options(
+        options = self._checked(
             recurrent_backend, recurrent_recompute, recurrent_compute_dtype,
-            recurrent_matmul_precision,
+            recurrent_matmul_precision, python_based=python_based, device=device,
+            proj_size=getattr(rnn, "proj_size", 0),
         )  # fmt: skip
         if default_recurrent_mode is not None and not isinstance(default_recurrent_mode, bool):
             raise ValueError(
@@ -216,8 +299,8 @@ class RecurrentModule(CheckedReaders, TensorDictModuleBase):
                 f"got {default_recurrent_mode!r}."
             )
         if python_based and isinstance(rnn, self._torch_cls):
-            rnn = self._convert(rnn, self._python_cls)
-        elif not python_based and isinstance(rnn, self._python_cls):
+            rnn = self._convert(rnn, self._python_twin())
+        elif not python_based and self._python_cls and isinstance(rnn, self._python_cls):
             python_based = True
         self._set_rnn(rnn, python_based)
         # validated above; the properties below validate later assignments
@@ -308,11 +391,10 @@ class RecurrentModule(CheckedReaders, TensorDictModuleBase):
                 f"{name}: {arg}= wraps an existing module and is exclusive with the arguments "
                 f"that build one; drop {clash} (they are read from the module)."
             )
-        if not isinstance(rnn, (self._torch_cls, self._python_cls)):
-            raise ValueError(
-                f"{name}: {arg}= must be a torch.nn.{self._torch_cls.__name__} or a "
-                f"recurrl {self._python_cls.__name__}, got {type(rnn).__name__}."
-            )
+        accepted = tuple(c for c in (self._torch_cls, self._python_cls) if c is not None)
+        if not isinstance(rnn, accepted):
+            names = " or ".join(f"{c.__module__}.{c.__name__}" for c in accepted)
+            raise ValueError(f"{name}: {arg}= must be a {names}, got {type(rnn).__name__}.")
         if getattr(rnn, "bidirectional", False):
             raise ValueError(
                 f"{name}: bidirectional networks cannot run one step at a time; pass a "
@@ -356,11 +438,29 @@ class RecurrentModule(CheckedReaders, TensorDictModuleBase):
         return RNNConfig(self._mode, rnn.input_size, rnn.hidden_size, rnn.num_layers,
                          bool(rnn.bias), float(rnn.dropout), proj)  # fmt: skip
 
-    def _options(self, backend, recompute, compute_dtype, precision) -> RecurrentOptions:
+    def _checked(
+        self, backend: str, recompute: str, compute_dtype: torch.dtype, precision: str, *,
+        python_based: bool, device: torch.device | str | None, proj_size: int,
+    ) -> RecurrentOptions:  # fmt: skip
+        """The validated :class:`RecurrentOptions` of these settings for this module's cell,
+        errors prefixed with the class name."""
         try:
-            return RecurrentOptions(backend, recompute, compute_dtype, precision)
+            return check_recurrent_options(
+                backend, recompute, python_based=python_based, device=device,
+                proj_size=proj_size, mode=self._mode, compute_dtype=compute_dtype,
+                matmul_precision=precision,
+            )  # fmt: skip
         except ValueError as err:
             raise ValueError(f"{type(self).__name__}: {err}") from None
+
+    def _replaced(self, **changes: Any) -> RecurrentOptions:
+        """The module's options with ``changes``, validated as a whole."""
+        o = replace(self._recurrent_options, **changes) if changes else self._recurrent_options
+        return self._checked(
+            o.backend, o.recompute, o.compute_dtype, o.matmul_precision,
+            python_based=self.python_based, device=next(self.rnn.parameters()).device,
+            proj_size=self._cfg.proj_size,
+        )  # fmt: skip
 
     @property
     def recurrent_options(self) -> RecurrentOptions:
@@ -376,19 +476,21 @@ class RecurrentModule(CheckedReaders, TensorDictModuleBase):
                 f"{type(self).__name__}.recurrent_options must be a RecurrentOptions, "
                 f"received {type(value).__name__}."
             )
-        self._check_backend_pair(value.backend, value.recompute)
-        self._recurrent_options = value
+        self._recurrent_options = self._replaced(**{
+            f: getattr(value, f) for f in ("backend", "recompute", "compute_dtype",
+                                           "matmul_precision")
+        })  # fmt: skip
 
     @property
     def recurrent_backend(self) -> str:
-        """Backend of recurrent mode (``"pad"``, ``"scan"``, ``"triton"`` or ``"auto"``).
+        """Backend of recurrent mode (one of
+        :func:`~recurrl.functional.recurrent.recurrent_backend_names`; default ``"auto"``).
         Assignable; the new value is validated together with :attr:`recurrent_recompute`."""
         return self._recurrent_options.backend
 
     @recurrent_backend.setter
     def recurrent_backend(self, value: str) -> None:
-        self._check_backend_pair(value, self.recurrent_recompute)
-        self._recurrent_options = replace(self._recurrent_options, backend=value)
+        self._recurrent_options = self._replaced(backend=value)
 
     @property
     def recurrent_recompute(self) -> str:
@@ -397,8 +499,7 @@ class RecurrentModule(CheckedReaders, TensorDictModuleBase):
 
     @recurrent_recompute.setter
     def recurrent_recompute(self, value: str) -> None:
-        self._check_backend_pair(self.recurrent_backend, value)
-        self._recurrent_options = replace(self._recurrent_options, recompute=value)
+        self._recurrent_options = self._replaced(recompute=value)
 
     @property
     def recurrent_compute_dtype(self) -> torch.dtype:
@@ -407,8 +508,7 @@ class RecurrentModule(CheckedReaders, TensorDictModuleBase):
 
     @recurrent_compute_dtype.setter
     def recurrent_compute_dtype(self, value: torch.dtype) -> None:
-        o = self._recurrent_options
-        self._recurrent_options = self._options(o.backend, o.recompute, value, o.matmul_precision)
+        self._recurrent_options = self._replaced(compute_dtype=value)
 
     @property
     def recurrent_matmul_precision(self) -> str:
@@ -417,19 +517,7 @@ class RecurrentModule(CheckedReaders, TensorDictModuleBase):
 
     @recurrent_matmul_precision.setter
     def recurrent_matmul_precision(self, value: str) -> None:
-        o = self._recurrent_options
-        self._recurrent_options = self._options(o.backend, o.recompute, o.compute_dtype, value)
-
-    def _check_backend_pair(self, backend: str, recompute: str) -> None:
-        _check_auto_recompute(type(self).__name__, backend, recompute)
-        check_recurrent_options(
-            backend,
-            recompute,
-            python_based=self.python_based,
-            device=next(self.rnn.parameters()).device,
-            proj_size=self._cfg.proj_size,
-            mode=self._mode,
-        )
+        self._recurrent_options = self._replaced(matmul_precision=value)
 
     @property
     def recurrent_mode(self) -> bool:
@@ -460,20 +548,22 @@ class RecurrentModule(CheckedReaders, TensorDictModuleBase):
             for key, size in zip(self.state_keys, cfg.state_sizes, strict=True)
         }
 
-    def make_tensordict_primer(self):
+    def make_tensordict_primer(self) -> Any:
         """A ``TensorDictPrimer`` that puts zero states in the env's TensorDicts on reset.
 
         Append it to the env (``env.append_transform(module.make_tensordict_primer())``) so
         that the state keys are part of the env's specs and ride from step to step.
 
-        A convenience for :meth:`recurrl.envs.TensorDictPrimer.from_module` ``(self)``: the
-        module only describes its state (:attr:`recurrent_state_spec`); the env side builds
-        the transform. The import below runs at call time only, so importing
-        :mod:`recurrl.modules` does not import :mod:`recurrl.envs`.
-        """
-        from recurrl.envs.transforms.primer import TensorDictPrimer
+        What :meth:`recurrl.envs.TensorDictPrimer.from_module` ``(self)`` returns: the module
+        only describes its state (:attr:`recurrent_state_spec`) and the env layer, which
+        registers its builder with :mod:`recurrl.modules` when it is imported, builds the
+        transform (:mod:`recurrl.modules` never imports :mod:`recurrl.envs`).
 
-        return TensorDictPrimer.from_module(self)
+        Raises:
+            RuntimeError: :mod:`recurrl.envs` was never imported in this process.
+        """
+        caller = f"{type(self).__name__}.make_tensordict_primer()"
+        return env_transform_builders(caller).primer(self)
 
     @property
     def canonical_keys(self) -> list[NestedKey]:
@@ -494,10 +584,20 @@ class RecurrentModule(CheckedReaders, TensorDictModuleBase):
                 out.set(key, value.contiguous())
         return out
 
+    def _python_twin(self) -> type[nn.Module]:
+        """``python_network_class``, or a ``ValueError`` saying the module has none."""
+        if self._python_cls is None:
+            raise ValueError(
+                f"{type(self).__name__}: python_based=True runs the python-native twin of the "
+                f"network, and this module declares none (python_network_class = None). Fix: "
+                f"python_based=False, or declare python_network_class on the class."
+            )
+        return self._python_cls
+
     def make_python_based(self):
         """Swap the wrapped network for its python-native twin (same weights). Returns self."""
         if not self.python_based:
-            self._set_rnn(self._convert(self.rnn, self._python_cls), True)
+            self._set_rnn(self._convert(self.rnn, self._python_twin()), True)
         return self
 
     def make_cudnn_based(self):

@@ -14,8 +14,8 @@ from tensordict.nn import TensorDictSequential as Seq
 from torch import nn
 
 from recurrl.collectors import Collector
-from recurrl.functional.recurrent.lru import LRU
 from recurrl.modules import LRUModule, set_recurrent_mode
+from recurrl.modules.nets import LRU
 from recurrl.testing import CountingEnv
 
 BACKENDS = ["auto", "assoc", "scan", "pad", "cpp"]
@@ -148,8 +148,8 @@ def test_wraps_an_existing_network_and_refuses_what_it_cannot_run():
         LRUModule(4, 6, in_keys=["obs", "h"], out_key="y")
     module.recurrent_backend = "assoc"
     module.recurrent_recompute = "full"
-    with pytest.raises(ValueError, match="recurrent_recompute='full' cannot be combined"):
-        _module(backend="auto", recurrent_recompute="full")
+    # auto with recompute picks a backend that recomputes (never pad)
+    assert _module(backend="auto", recurrent_recompute="full").recurrent_recompute == "full"
 
 
 def test_a_collector_wires_the_env_and_replay_reproduces_the_features():

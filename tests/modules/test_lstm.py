@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from recurrl.functional.rnn import LSTM
 from recurrl.modules import LSTMModule, set_recurrent_mode
+from recurrl.modules.nets import LSTM
 
 from ._reference import F_IN, run_recurrent, sequence_td, step_loop, trajectory_end_mask
 
@@ -33,7 +33,8 @@ def test_defaults_follow_the_reference_api():
     ]
     assert isinstance(module.lstm, nn.LSTM) and module.lstm.batch_first
     assert module.rnn is module.lstm
-    assert not module.python_based and module.recurrent_backend == "pad"
+    # auto, not the reference's pad: the same function, the fastest backend for each batch
+    assert not module.python_based and module.recurrent_backend == "auto"
     assert module.recurrent_recompute == "none" and module.recurrent_matmul_precision == "auto"
     assert module.recurrent_compute_dtype is torch.float32
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recurrl.functional.rnn import LSTM
 from recurrl.modules import LSTMNet
+from recurrl.modules.nets import LSTM
 
 BATCH, STEPS, IN, OUT, HIDDEN = 7, 6, 4, 10, 5
 

@@ -11,8 +11,9 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from recurrl.functional.rnn import GRU, LSTM
+from recurrl.functional.recurrent import resolve_backend
 from recurrl.modules import set_recurrent_mode
+from recurrl.modules.nets import GRU, LSTM
 
 from ._reference import (
     BACKEND_IDS,
@@ -48,7 +49,7 @@ def test_default_and_explicit_keys(kind):
         3, 4, in_keys=["obs", *names, "is_init"], out_keys=["feat", *(("next", k) for k in names)]
     )
     assert explicit.in_keys == with_init.in_keys == ["obs", *names, "is_init"]
-    assert not module.recurrent_mode and module.recurrent_backend == "pad"
+    assert not module.recurrent_mode and module.recurrent_backend == "auto"
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -202,30 +203,32 @@ def test_wrapped_bidirectional_network_raises(kind, wrapped_cls):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_auto_backend_with_full_recompute_raises_at_construction(kind):
-    with pytest.raises(
-        ValueError, match=r"'full' cannot be combined with\s+recurrent_backend='auto'"
-    ):
-        make_module(kind, recurrent_backend="auto", recurrent_recompute="full")
-    # the same pair reached by assignment after construction
-    module = make_module(kind, recurrent_backend="auto")
-    with pytest.raises(ValueError, match="recurrent_backend='auto'"):
-        module.recurrent_recompute = "full"
-    assert module.recurrent_recompute == "none"  # unchanged
-    module = make_module(kind, recurrent_backend="scan", recurrent_recompute="full")
-    with pytest.raises(ValueError, match="recurrent_backend='auto'"):
-        module.recurrent_backend = "auto"
+def test_auto_backend_with_full_recompute_runs_a_backend_that_recomputes(kind):
+    # auto (the default) never picks pad, which cannot recompute, when recompute is asked
+    module = make_module(kind, recurrent_recompute="full")
+    assert (module.recurrent_backend, module.recurrent_recompute) == ("auto", "full")
+    td = random_sequence(module)
+    x = torch.zeros(2, 5, F_IN)
+    no_restart = torch.zeros(2, 5, dtype=torch.bool)
+    for is_init in (no_restart, td["is_init"].reshape(2, 5)):
+        picked = resolve_backend(
+            "auto", x, python_based=False, mode=kind, is_init=is_init, recompute=True
+        )
+        assert picked in ("cpp", "scan")
+    scan = make_module(kind, recurrent_backend="scan")
+    scan.load_state_dict(module.state_dict())
+    close(outputs_of(module, run_recurrent(module, td.clone())),
+          outputs_of(scan, run_recurrent(scan, td.clone())))  # fmt: skip
+    # assignment keeps the pair valid: pad cannot recompute, everything else can
     with pytest.raises(ValueError, match="not available with recurrent_backend='pad'"):
         module.recurrent_backend = "pad"
     with pytest.raises(ValueError, match="recurrent_backend must be"):
         module.recurrent_backend = "cudnn"
-    assert module.recurrent_backend == "scan"
-    # the allowed ways: recompute off first, then auto; and scan with full recompute
+    assert module.recurrent_backend == "auto"  # unchanged
+    module.recurrent_backend = "scan"
     module.recurrent_recompute = "none"
-    module.recurrent_backend = "auto"
-    assert (module.recurrent_backend, module.recurrent_recompute) == ("auto", "none")
-    with set_recurrent_mode(True):  # runs, also inside the mode context manager
-        module(random_sequence(module))
+    module.recurrent_backend = "pad"
+    assert (module.recurrent_backend, module.recurrent_recompute) == ("pad", "none")
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -12,8 +12,8 @@ Backends (:data:`RECURRENT_BACKEND_REGISTRY`): ``"pad"`` (split at resets, torch
 kernels), ``"scan"`` (time loop with ``where``), ``"triton"`` (GPU kernel; see
 :func:`triton_unavailable_reason`), ``"assoc"`` (reset-aware parallel scan, linear-recurrent
 cells only), ``"cpp"`` (scan's fused loops in C++, CPU, compiled on first use, see
-:mod:`~recurrl.functional.recurrent.cpp`) and ``"auto"``, which picks one of them for the
-input (:func:`resolve_backend`). Cells
+:mod:`~recurrl.functional.recurrent.cpp`) and ``"auto"``, the default everywhere, which picks
+one of them for the input (:func:`resolve_backend`). Cells
 (:mod:`~recurrl.functional.recurrent.cell`): ``"lstm"``, ``"gru"``, ``"mingru"``
 (:mod:`~recurrl.functional.recurrent.linear_cells`), ``"lru"``
 (:mod:`~recurrl.functional.recurrent.lru`) and any registered kind; each backend
@@ -82,9 +82,11 @@ __all__ = [
     "TritonLaunch",
     "auto_picks_triton",
     "auto_step_runs_cpp",
+    "backend_refusal",
     "check_recurrent_options",
     "fused_runner",
     "get_cell_kind",
+    "recurrent_backend_names",
     "recurrent_step",
     "recurrent_unroll",
     "register_cell_kind",
@@ -109,9 +111,11 @@ class RecurrentOptions:
     """How recurrent mode runs, validated once and forwarded unchanged by the modules.
 
     Attributes:
-        backend: ``"pad"``, ``"scan"``, ``"triton"``, ``"assoc"``, ``"cpp"`` (the scan
-            loops in C++ on CPU, compiled on first use; never picked by ``"auto"``),
-            ``"auto"`` or a registered backend.
+        backend: ``"auto"`` (the default: the fastest registered backend that runs the
+            input, see :func:`resolve_backend`), or a name of
+            :data:`RECURRENT_BACKEND_REGISTRY`: ``"pad"``, ``"scan"``, ``"triton"``,
+            ``"assoc"``, ``"cpp"`` or one registered by the user
+            (:func:`recurrent_backend_names` lists them).
         recompute: ``"none"``, or ``"full"`` (recompute activations in backward;
             ``scan``/``triton``/``assoc``/``cpp``).
         compute_dtype: for ``triton``, the dtype of the recurrent matmul's operands
@@ -128,15 +132,18 @@ class RecurrentOptions:
         ValueError: recurrent_recompute='full' is not available with recurrent_backend='pad'...
     """
 
-    backend: RecurrentBackendName | str = "pad"
+    backend: RecurrentBackendName | str = "auto"
     recompute: RecurrentRecompute = "none"
     compute_dtype: torch.dtype = torch.float32
     matmul_precision: str = "auto"
 
     def __post_init__(self) -> None:
-        names = (*RECURRENT_BACKEND_REGISTRY, "auto")
+        names = recurrent_backend_names()
         if self.backend not in names:
-            raise ValueError(f"recurrent_backend must be one of {names}, got {self.backend!r}.")
+            raise ValueError(
+                f"recurrent_backend must be one of {names}, got {self.backend!r}. Fix: "
+                f"recurrent_backend='auto', or register_recurrent_backend(...) your own first."
+            )
         if self.recompute not in RECURRENT_RECOMPUTE:
             raise ValueError(
                 f"recurrent_recompute must be one of {RECURRENT_RECOMPUTE}, got {self.recompute!r}."
@@ -221,6 +228,38 @@ def register_recurrent_backend(
     return backend
 
 
+def recurrent_backend_names() -> tuple[str, ...]:
+    """Every value ``recurrent_backend`` accepts: the registered backends, then ``"auto"``.
+
+    The one list of backend names: module arguments, :class:`RecurrentOptions`, the trainer's
+    ``--recurrent-backend`` and the sweep's ``--backends`` all read it, so a backend added by
+    :func:`register_recurrent_backend` is accepted everywhere.
+
+    Examples:
+        >>> recurrent_backend_names()[-1]
+        'auto'
+        >>> "cpp" in recurrent_backend_names()
+        True
+    """
+    return (*RECURRENT_BACKEND_REGISTRY, "auto")
+
+
+def backend_refusal(backend: str, mode: str, *, python_based: bool = False) -> str | None:
+    """Why the registered ``backend`` cannot run the cell kind ``mode`` (``None`` if it can,
+    and for ``"auto"``, which only picks backends that run the kind).
+
+    Examples:
+        >>> backend_refusal("assoc", "lstm") is not None  # a parallel scan: linear cells only
+        True
+        >>> backend_refusal("auto", "lstm") is None
+        True
+    """
+    entry = RECURRENT_BACKEND_REGISTRY.get(backend)
+    if entry is None:
+        return None
+    return _refusal(entry, get_cell_kind(mode), python_based)
+
+
 def _refusal(backend: RecurrentBackend, kind: CellKind, python_based: bool) -> str | None:
     reason = backend.refuses(kind, python_based)
     if reason is None:
@@ -244,24 +283,28 @@ def check_recurrent_options(
     device: torch.device | str | None = None,
     proj_size: int = 0,
     mode: str | None = None,
-) -> None:
-    """Validate a backend configuration, raising ``ValueError`` (or ``ImportError``/
-    ``RuntimeError`` for an unusable ``"triton"``) with what to change.
+    compute_dtype: torch.dtype = torch.float32,
+    matmul_precision: str = "auto",
+) -> RecurrentOptions:
+    """Validate a backend configuration and return it as :class:`RecurrentOptions`, raising
+    ``ValueError`` (or ``ImportError``/``RuntimeError`` for an unusable ``"triton"``) with
+    what to change.
 
     ``mode`` (the cell kind, e.g. ``"gru"``) is checked against what the backend runs.
 
     Examples:
-        >>> check_recurrent_options("scan", "full", python_based=False)
+        >>> check_recurrent_options("scan", "full", python_based=False).backend
+        'scan'
         >>> check_recurrent_options("pad", "full", python_based=False)
         Traceback (most recent call last):
         ...
         ValueError: recurrent_recompute='full' is not available with recurrent_backend='pad'...
     """
-    options = RecurrentOptions(backend, recompute)  # type: ignore[arg-type]
+    options = RecurrentOptions(backend, recompute, compute_dtype, matmul_precision)  # type: ignore[arg-type]
     kind = get_cell_kind(mode) if mode is not None else None
     entry = RECURRENT_BACKEND_REGISTRY.get(backend)
-    if entry is None:  # "auto": scan runs every kind, so only the python_based rule applies
-        return
+    if entry is None:  # "auto" picks only backends that run the kind and the options
+        return options
     if kind is not None:
         reason = _refusal(entry, kind, python_based)
         if reason is not None:
@@ -272,6 +315,7 @@ def check_recurrent_options(
         if isinstance(kind, LinearCellKind):
             python_based = False
         entry.check(options, python_based=python_based, device=device, proj_size=proj_size)
+    return options
 
 
 def resolve_backend(
@@ -298,7 +342,8 @@ def resolve_backend(
     warning says why the kernels are missing). A linear-recurrent cell gets ``cpp`` on CPU
     (2.5-3x faster than its parallel scan there) and ``assoc`` (the parallel scan) on other
     devices and where the kernels do not build; any other cell without a fused sequence
-    operator gets ``scan``.
+    operator gets ``scan``. With ``recompute`` it never picks ``pad`` (torch's fused kernels
+    keep their own activations): ``scan`` runs where ``pad`` would.
     On CUDA, given ``is_init``, ``auto`` picks ``triton`` where it was measured to beat
     ``pad`` (see :func:`auto_picks_triton`): an LSTM/GRU without projection, float32, at
     least :data:`AUTO_TRITON_MIN_ROWS` rows, with a restart inside some row (without one,
@@ -334,6 +379,8 @@ def resolve_backend(
     ):
         return "triton"
     fallback = "pad" if x.device.type == "cuda" else _cpu_fallback(kind)
+    if recompute and fallback == "pad":
+        fallback = "scan"  # pad keeps torch's own activations: it cannot recompute
     if (
         x.device.type == "cpu"
         and not proj_size
@@ -471,7 +518,7 @@ def recurrent_unroll(
         options: a :class:`RecurrentOptions` (backend, recompute, compute dtype, matmul
             precision). The separate keywords below are the same settings, for calls that
             do not build one; give one or the other.
-        backend: one of :data:`RECURRENT_BACKENDS` (default ``"pad"``).
+        backend: one of :func:`recurrent_backend_names` (default ``"auto"``).
         training: enables inter-layer dropout.
         recompute: ``"none"`` (default) or ``"full"`` (recompute activations in backward).
         python_based: use only python-native torch ops (no fused torch RNN kernels).

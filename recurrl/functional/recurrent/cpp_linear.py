@@ -30,13 +30,14 @@ Examples:
     >>> import torch
     >>> from recurrl._ext import extension_unavailable_reason
     >>> from recurrl.functional.recurrent import RNNConfig, recurrent_unroll
-    >>> from recurrl.functional.recurrent.linear_cells import MinGRU
-    >>> net, cfg = MinGRU(3, 4, batch_first=True), RNNConfig("mingru", 3, 4)
+    >>> cfg = RNNConfig("mingru", 3, 4)
+    >>> weights = [torch.randn(8, 3), torch.randn(8)]  # weight_ih [2H, F], bias_ih [2H]
     >>> x, h = torch.randn(2, 5, 3), torch.zeros(2, 5, 1, 4)
     >>> is_init = torch.zeros(2, 5, dtype=torch.bool)
     >>> if extension_unavailable_reason() is None:  # compiles once (~1 min)
-    ...     y, _ = recurrent_unroll(cfg, net.flat_weights, x, (h,), is_init, backend="cpp")
-    ...     assert torch.allclose(y, net(x)[0], atol=1e-6)
+    ...     y, _ = recurrent_unroll(cfg, weights, x, (h,), is_init, backend="cpp")
+    ...     ref, _ = recurrent_unroll(cfg, weights, x, (h,), is_init, backend="scan")
+    ...     assert torch.allclose(y, ref, atol=1e-6)
 """
 
 from __future__ import annotations

@@ -6,17 +6,14 @@ reset-aware associative scan (:func:`recurrl.functional.linear_recurrence`); the
 backend runs every such kind that way, and ``scan``/sequential mode step it like any other
 cell through :meth:`CellKind.step_projected`.
 
-Built in: ``"mingru"`` (:class:`MinGRUKind`), and :class:`MinGRU`, its network (the module
-holding the weights, as ``torch.nn.GRU`` does for the GRU).
+Built in: ``"mingru"`` (:class:`MinGRUKind`); its network, the module holding the weights
+(as ``torch.nn.GRU`` does for the GRU), is :class:`recurrl.modules.MinGRU`.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from recurrl.functional.linear_recurrence import (
     _chunked_forward,
@@ -26,9 +23,8 @@ from recurrl.functional.linear_recurrence import (
 )
 from recurrl.functional.recurrent.cell import CellKind, register_cell_kind
 from recurrl.functional.recurrent.config import LayerWeights, RNNConfig
-from recurrl.functional.rnn import _RecurrentBase
 
-__all__ = ["LinearCellKind", "MinGRU", "MinGRUKind"]
+__all__ = ["LinearCellKind", "MinGRUKind"]
 
 
 class LinearCellKind(CellKind):
@@ -161,114 +157,3 @@ class _MinGRUScan(torch.autograd.Function):
 
 
 register_cell_kind(MinGRUKind())
-
-
-class _LinearNet(_RecurrentBase):
-    """The sequence ``forward`` shared by the networks of linear cell kinds: per layer one
-    input projection, the kind's coefficients, one reset-free
-    :func:`~recurrl.functional.linear_recurrence` from ``hx``, and the kind's outputs (the
-    first is the next layer's input)."""
-
-    #: the registered kind (``RNNConfig.mode``)
-    _mode: ClassVar[str]
-
-    @property
-    def _flat_weights(self) -> list[Tensor]:
-        # the name torch's RNNs use; the modules read it when not python-based
-        return self.flat_weights
-
-    def _unroll(self, x: Tensor, state: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
-        """All layers over ``x [T, B, F]`` from ``state`` (each ``[L, B, S]``), one scan per
-        layer."""
-        cfg = RNNConfig(self._mode, self.input_size, self.hidden_size, self.num_layers, self.bias)
-        kind, weights, finals = cfg.kind, self.flat_weights, []
-        for layer in range(self.num_layers):
-            w = cfg.layer_weights(weights, layer)
-            xp = kind.project(cfg, w, x)
-            # the stored states are read at t = 0 only
-            stored = tuple(s[layer].unsqueeze(0).expand(x.shape[0], -1, -1) for s in state)
-            h = kind.recurrence(cfg, w, xp, kind.recurrence_state(cfg, stored), None)
-            out = kind.outputs(cfg, w, xp, h)
-            finals.append(tuple(s[-1] for s in out))
-            x = out[0]
-            if self.training and self.dropout > 0 and layer < self.num_layers - 1:
-                x = F.dropout(x, p=self.dropout, training=True)
-        return x, tuple(torch.stack(entry) for entry in zip(*finals, strict=True))
-
-
-class MinGRU(_LinearNet):
-    """A stacked minGRU network: the weights of :class:`MinGRUKind` and a sequence
-    ``forward`` (each layer's output ``h`` is the next layer's input), run as a parallel scan.
-
-    Parameters per layer ``k``: ``weight_ih_l{k}`` ``[2H, F]`` (rows ``z`` then ``h~``) and,
-    with ``bias``, ``bias_ih_l{k}`` ``[2H]``, drawn from ``U(-1/sqrt(H), 1/sqrt(H))`` as
-    torch's RNNs are; :attr:`flat_weights` lists them in that order. Constructor checks,
-    input layouts and ``hx`` handling are those of :class:`recurrl.functional.GRU`.
-
-    Args:
-        input_size: input features ``F``.
-        hidden_size: state features ``H``.
-        num_layers: stacked layers ``L``.
-        bias: learn ``bias_ih_l{k}``.
-        batch_first: ``input`` and ``output`` are ``[B, T, *]`` rather than ``[T, B, *]``.
-        dropout: dropout on the outputs of every layer but the last (training only).
-        bidirectional: must be ``False``.
-        device, dtype: of the parameters.
-
-    Shapes:
-        ``forward(input, hx=None)``: ``input [T, B, F]`` (``[B, T, F]`` if ``batch_first``,
-        or unbatched ``[T, F]``), ``hx [L, B, H]`` (``[L, H]`` unbatched; zeros when
-        ``None``); returns ``(output [T, B, H], h_n [L, B, H])``.
-
-    Examples:
-        >>> import torch
-        >>> net = MinGRU(3, 4, num_layers=2, batch_first=True)
-        >>> y, h = net(torch.randn(5, 7, 3))
-        >>> y.shape, h.shape, torch.equal(y[:, -1], h[-1])
-        (torch.Size([5, 7, 4]), torch.Size([2, 5, 4]), True)
-    """
-
-    _num_gates = 2
-    _mode = "mingru"
-
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        num_layers: int = 1,
-        bias: bool = True,
-        batch_first: bool = False,
-        dropout: float = 0.0,
-        bidirectional: bool = False,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                         bidirectional, 0, device, dtype)  # fmt: skip
-
-    def _register_parameters(self, factory: dict) -> None:
-        """Per layer ``weight_ih_l{k}[, bias_ih_l{k}]``: no recurrent weights."""
-        self._flat_weights_names: list[str] = []
-        for k in range(self.num_layers):
-            layer_in = self.input_size if k == 0 else self.hidden_size
-            shapes = {f"weight_ih_l{k}": (2 * self.hidden_size, layer_in)}
-            if self.bias:
-                shapes[f"bias_ih_l{k}"] = (2 * self.hidden_size,)
-            for pname, shape in shapes.items():
-                setattr(self, pname, nn.Parameter(torch.empty(shape, **factory)))
-                self._flat_weights_names.append(pname)
-
-    def _state_sizes(self) -> tuple[int, ...]:
-        return (self.hidden_size,)
-
-    def _unpack_hx(self, hx: object) -> tuple[Tensor, ...] | None:
-        if hx is None or isinstance(hx, Tensor):
-            return None if hx is None else (hx,)
-        raise TypeError(
-            f"MinGRU: expected hx to be a tensor h_0, received {type(hx).__name__}; pass a "
-            f"[num_layers, B, H] tensor or None for zeros."
-        )
-
-    def forward(self, input: Tensor, hx: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        output, (h_n,) = self._run(input, hx)
-        return output, h_n

@@ -1,5 +1,6 @@
 """``get_primers_from_module`` (None, one primer, or a Compose in module order; ``warn``,
-``strict``) and ``get_env_transforms_from_module``."""
+``strict``), ``get_env_transforms_from_module``, the recurrent parts of a policy and what an
+env lacks for them."""
 
 from __future__ import annotations
 
@@ -13,7 +14,15 @@ from torch import nn
 
 from recurrl.envs import Compose, InitTracker, TensorDictPrimer
 from recurrl.envs.transforms import get_env_transforms_from_module, get_primers_from_module
+from recurrl.envs.transforms.from_module import (
+    MissingPolicyTransformsError,
+    missing_policy_transforms,
+    recurrent_parts,
+    register_policy_transforms,
+)
 from recurrl.modules import GRUModule, LSTMModule
+from recurrl.modules._env_transforms import env_transform_builders
+from recurrl.testing import CountingEnv
 
 
 def _keys(primer) -> list:
@@ -115,3 +124,40 @@ def test_a_module_that_only_describes_its_state_gets_a_primer():
     assert primer.primers["mem"].shape == (2, 3) and primer.primers["mem"].dtype == torch.float64
     transforms = get_env_transforms_from_module(_StateOnly())
     assert [type(t) for t in transforms] == [InitTracker, TensorDictPrimer]
+
+
+# --- the recurrent parts of a policy, and what an env lacks for them ----------------------
+def test_recurrent_parts_are_found_by_the_contract_not_the_class():
+    gru = GRUModule(3, 4, in_key="obs", out_key="a")
+    state_only, primer_only = _StateOnly(), _Broken()
+    policy = nn.Sequential(nn.Linear(3, 3), gru, nn.Sequential(state_only, primer_only))
+    assert recurrent_parts(policy) == [gru, state_only, primer_only]
+    assert recurrent_parts(nn.Linear(2, 2)) == []
+    assert recurrent_parts(lambda td: td) == []  # a plain callable holds no modules
+
+
+def test_missing_transforms_of_a_module_of_ones_own_that_declares_its_state():
+    env = CountingEnv(batch_size=(2,))
+    tracker, primer = missing_policy_transforms(env, nn.Sequential(_StateOnly()))
+    assert isinstance(tracker, InitTracker) and _keys(primer) == ["mem"]
+    assert primer.primers["mem"].dtype == torch.float64
+    wired = register_policy_transforms(env, _StateOnly(), auto=True)
+    assert wired.reset()["mem"].shape == (2, 2, 3)  # [*B, *shape]: expanded per env
+    assert missing_policy_transforms(wired, _StateOnly()) == []
+    # a part that only builds its own primer declares no keys: nothing to add for it
+    assert missing_policy_transforms(CountingEnv(), _Broken()) == []
+
+
+def test_missing_transforms_refused_without_auto():
+    with pytest.raises(MissingPolicyTransformsError, match=r"InitTracker.*'mem'") as err:
+        register_policy_transforms(CountingEnv(), _StateOnly(), auto=False)
+    assert isinstance(err.value, ValueError) and isinstance(err.value, KeyError)
+    assert str(err.value).startswith("Collector: the policy has recurrent submodules")
+
+
+def test_the_modules_call_the_builders_registered_here():
+    builders = env_transform_builders("test")
+    assert builders.primer == TensorDictPrimer.from_module
+    assert builders.env_transforms is get_env_transforms_from_module
+    gru = GRUModule(3, 4, in_key="obs", out_key="a")
+    assert _keys(gru.make_tensordict_primer()) == _keys(TensorDictPrimer.from_module(gru))

@@ -22,7 +22,7 @@ from recurrl.functional.recurrent import (
     resolve_backend,
 )
 from recurrl.functional.recurrent.config import drive_layers
-from recurrl.functional.rnn import GRU, LSTM
+from recurrl.modules.nets import GRU, LSTM
 
 from ._reference import loss_of, make_problem, reference_unroll
 
@@ -246,9 +246,9 @@ def test_unknown_backend_in_recurrent_unroll_is_named():
         )
 
 
-def test_recompute_is_refused_where_auto_runs_pad(monkeypatch):
-    """Without recurrl's C++ kernels ``auto`` picks ``pad`` for a CPU LSTM, which cannot
-    recompute: said, not ignored."""
+def test_auto_with_recompute_runs_scan_where_it_would_run_pad(monkeypatch):
+    """Without recurrl's C++ kernels ``auto`` picks ``pad`` for a CPU LSTM; ``pad`` cannot
+    recompute, so with recompute asked ``auto`` runs ``scan`` there (the same numbers)."""
     from recurrl import _ext
     from recurrl.functional import recurrent
 
@@ -256,16 +256,12 @@ def test_recompute_is_refused_where_auto_runs_pad(monkeypatch):
     monkeypatch.setattr(recurrent, "_warned_no_cpp", True)  # its warning is tested elsewhere
     problem = make_problem("lstm")
     assert resolve_backend("auto", problem.x, python_based=False, mode="lstm") == "pad"
-    with pytest.raises(ValueError, match="runs as 'pad' here"):
-        recurrent_unroll(
-            problem.cfg,
-            problem.weights,
-            problem.x,
-            problem.states,
-            problem.is_init,
-            backend="auto",
-            recompute="full",
-        )
+    picked = resolve_backend("auto", problem.x, python_based=False, mode="lstm", recompute=True)
+    assert picked == "scan"
+    args = (problem.cfg, problem.weights, problem.x, problem.states, problem.is_init)
+    y, states = recurrent_unroll(*args, backend="auto", recompute="full")
+    y_scan, states_scan = recurrent_unroll(*args, backend="scan", recompute="full")
+    torch.testing.assert_close((y, states), (y_scan, states_scan))
 
 
 def test_python_based_pad_needs_a_python_runner():

@@ -13,6 +13,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from recurrl.envs import TensorDictPrimer
 from recurrl.functional.recurrent import (
     RECURRENT_BACKEND_REGISTRY,
     RNNConfig,
@@ -176,29 +177,18 @@ def test_registry_validates_modes_and_kinds():
 
 
 class ElmanModule(RecurrentModule):
-    """A test-only module for the toy cell: the module base needs only the class attributes."""
+    """A test-only module for the toy cell: class attributes only, the base's constructor
+    (the toy has no python-native twin)."""
 
-    _mode = "test_elman"
-    _rnn_name = "elman"
-    _default_state_keys = ("recurrent_state_h",)
-    _torch_cls = nn.RNN
-    _python_cls = type("NoPythonTwin", (nn.Module,), {})  # the toy has no python-native twin
-
-    def __init__(self, input_size, hidden_size, num_layers=1, recurrent_backend="pad", **kw):
-        super().__init__()
-        self._setup(
-            input_size=input_size, hidden_size=hidden_size, num_layers=num_layers, bias=True,
-            dropout=0.0, proj_size=0, python_based=False, recurrent_backend=recurrent_backend,
-            recurrent_compute_dtype=torch.float32, recurrent_recompute="none",
-            recurrent_matmul_precision="auto", in_key="obs", in_keys=None, out_key="y",
-            out_keys=None, device=None, rnn=None, default_recurrent_mode=None, **kw,
-        )  # fmt: skip
+    cell = "test_elman"
+    network_class = nn.RNN
+    default_state_keys = ("recurrent_state_h",)
 
 
 @pytest.mark.parametrize("backend", ["pad", "scan", "auto"])
 def test_toy_cell_runs_in_a_module_in_both_modes(backend):
     torch.manual_seed(2)
-    module = ElmanModule(4, 5, 2, recurrent_backend=backend)
+    module = ElmanModule(4, 5, 2, recurrent_backend=backend, in_key="obs", out_key="y")
     n, steps = 3, 6
     obs = torch.randn(n, steps, 4)
     is_init = torch.zeros(n, steps, 1, dtype=torch.bool)
@@ -226,9 +216,11 @@ def test_toy_cell_runs_in_a_module_in_both_modes(backend):
     torch.testing.assert_close(td["y"], torch.stack(seq_y, dim=1), atol=1e-5, rtol=1e-5)
     last = td["next", "recurrent_state_h"][:, -1]
     torch.testing.assert_close(last, h, atol=1e-5, rtol=1e-5)
-    assert module.make_tensordict_primer() is not None
+    assert isinstance(module.make_tensordict_primer(), TensorDictPrimer)
 
 
 def test_module_refuses_a_backend_that_does_not_run_its_cell_at_construction():
     with pytest.raises(ValueError, match="'triton' does not run the 'test_elman' cell"):
-        ElmanModule(4, 5, recurrent_backend="triton")
+        ElmanModule(4, 5, recurrent_backend="triton", in_key="obs", out_key="y")
+    with pytest.raises(ValueError, match="declares none"):
+        ElmanModule(4, 5, python_based=True, in_key="obs", out_key="y")

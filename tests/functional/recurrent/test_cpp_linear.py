@@ -25,9 +25,8 @@ from recurrl.functional.recurrent.cpp_linear import (
     _MinGRUCpp,
     _MinGRUFused,
 )
-from recurrl.functional.recurrent.linear_cells import MinGRU
-from recurrl.functional.recurrent.lru import LRU
 from recurrl.functional.recurrent.scan import scan_unroll
+from recurrl.modules.nets import LRU, MinGRU
 
 F_IN, HID = 3, 5
 NETWORKS = {"mingru": MinGRU, "lru": LRU}

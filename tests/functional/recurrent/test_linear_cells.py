@@ -18,7 +18,7 @@ from recurrl.functional.recurrent import (
     resolve_backend,
 )
 from recurrl.functional.recurrent.cell import get_cell_kind
-from recurrl.functional.recurrent.linear_cells import MinGRU
+from recurrl.modules.nets import MinGRU
 
 DT = torch.float64
 

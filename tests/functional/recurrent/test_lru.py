@@ -18,7 +18,8 @@ from recurrl.functional.recurrent import (
     resolve_backend,
 )
 from recurrl.functional.recurrent.cell import get_cell_kind
-from recurrl.functional.recurrent.lru import LRU, lru_lambda
+from recurrl.functional.recurrent.lru import lru_lambda
+from recurrl.modules.nets import LRU
 
 DT = torch.float64
 F_IN, HID = 4, 5

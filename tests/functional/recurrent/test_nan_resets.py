@@ -30,7 +30,7 @@ import torch
 
 from recurrl.functional.recurrent import pad as pad_module
 from recurrl.functional.recurrent import recurrent_unroll
-from recurrl.functional.rnn import GRU, LSTM
+from recurrl.modules.nets import GRU, LSTM
 
 from ._reference import _run_piece, make_problem, pieces
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
-from recurrl.functional.rnn import GRU, LSTM, GRUCell, LSTMCell
+from recurrl.modules.nets import GRU, LSTM, GRUCell, LSTMCell
 
 F_IN, H, P, T, B = 3, 5, 2, 4, 3
 ATOL = 1e-5
