@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from tensordict import TensorDictBase
 from torch import Tensor
 
+from recurrl.data.samplers._options import complete_doc
 from recurrl.data.storages.base import Storage
 
 __all__ = ["Sampler"]
@@ -40,6 +43,10 @@ class Sampler:
         >>> rb.sample()["x"]
         tensor([3, 2])
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        complete_doc(cls)  # list the arguments its option groups document
 
     def __init__(self, *, generator: torch.Generator | None = None) -> None:
         self.generator = generator

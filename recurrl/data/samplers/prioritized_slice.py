@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Literal
 
 import numpy as np
 import torch
 from tensordict import TensorDictBase
-from tensordict.utils import NestedKey
 from torch import Tensor
 
+from recurrl.data.samplers._options import takes
+from recurrl.data.samplers._priority_args import PriorityOptions
+from recurrl.data.samplers._slice_args import SliceOptions
 from recurrl.data.samplers._sum_tree import SumMinTree
 from recurrl.data.samplers.slice import SliceSampler
 from recurrl.data.storages.base import Storage
@@ -19,7 +19,6 @@ from recurrl.data.storages.base import Storage
 __all__ = ["PrioritizedSliceSampler"]
 
 WEIGHT_KEY = "_weight"
-REDUCTIONS = ("max", "min", "median", "mean")
 
 
 class PriorityTable:
@@ -31,6 +30,14 @@ class PriorityTable:
     dtype: torch.dtype
     _priority: Tensor
     _max_priority: float
+
+    def _configure_priority(self, options: PriorityOptions) -> None:
+        """Set the table up from the checked priority arguments (each one already an
+        attribute, e.g. ``self.alpha``)."""
+        self.priority_options = options  # the checked priority arguments, as given
+        # p_i = |value| + eps per storage position (where the drawn sequences start)
+        self._priority = torch.zeros(options.max_capacity, dtype=options.dtype)
+        self._max_priority = 1.0  # what new data gets (PER: the largest priority so far)
 
     def _check_capacity(self, storage: Storage) -> None:
         if storage.max_size > self.max_capacity:
@@ -63,8 +70,9 @@ class PrioritizedSliceSampler(PriorityTable, SliceSampler):
     slices, as in R2D2 (Kapturowski et al. 2019): a priority is kept per **slice start**, a
     storage position. Among the valid windows (exactly :class:`SliceSampler`'s, so every
     slice argument -- ``strict_length``, ``span``, ``min_slice_len``, ``pad_output``,
-    ``start``, ... -- means the same here), a window starting at ``i`` is drawn with
-    probability ``P(i) = p_i^alpha / sum_j p_j^alpha`` (with replacement). Each step of the
+    ``start``, ... -- means the same here; sampling is always with replacement, so there is
+    no ``replacement``, ``drop_last`` or ``shuffle``), a window starting at ``i`` is drawn
+    with probability ``P(i) = p_i^alpha / sum_j p_j^alpha``. Each step of the
     sample carries its slice's importance weight under ``"_weight"``:
     ``w_i = (N * P(i))^-beta / max_j (N * P(j))^-beta`` (``N``: number of valid windows; the
     max runs over all of them, so weights are at most 1 and the largest possible one is 1).
@@ -85,29 +93,6 @@ class PrioritizedSliceSampler(PriorityTable, SliceSampler):
     capacity)`` torch ops per slice, vectorised over the batch (no ``O(capacity)`` work per
     sample). After each write, the first sample rebuilds the window tables and the trees
     once: ``O(capacity)`` vectorised numpy / torch work, no python loop.
-
-    Args:
-        max_capacity: size of the priority table: at least the storage's ``max_size``.
-        alpha: priority exponent (``0``: uniform, as :class:`SliceSampler`).
-        beta: importance-sampling exponent (``0``: all weights 1; annealed towards 1 in PER).
-        eps: added to ``|value|`` so that no start has priority 0 (default ``1e-8``).
-        dtype: dtype of the priority table (default ``torch.float32``).
-        reduction: how per-step priorities with trailing dims (e.g. ``[n, 1]`` or per-head
-            ``[n, K]``) are reduced to one value per step: ``"max"`` (default), ``"min"``,
-            ``"median"`` or ``"mean"``.
-        eta: R2D2's mix of the steps of a slice: ``eta * max + (1 - eta) * mean``
-            (default ``0.9``; ``1``: max, ``0``: mean).
-        max_priority_within_buffer: if True, new data gets the largest priority among the
-            positions still held (not the largest ever seen).
-        uniform_mix: the share of the draws made uniformly over the valid windows, in
-            ``[0, 1]`` (default ``0``: by priority alone). It bounds how much more likely a
-            high-priority (e.g. never replayed) slice is than the others, and how small an
-            importance weight can get.
-        num_slices: like ``slice_len``, ``end_key``, ``end_keys``, ``traj_key``,
-            ``step_key``, ``fragmented``, ``ends``, ``trajectories``, ``cache_values``,
-            ``truncated_key``, ``init_key``, ``strict_length``, ``compile``, ``span``,
-            ``use_gpu``, ``pad_output``, ``generator``, ``min_slice_len``, ``start`` and
-            ``start_stride``: as :class:`SliceSampler` (sampling is always with replacement).
 
     Examples:
         >>> import torch
@@ -130,58 +115,10 @@ class PrioritizedSliceSampler(PriorityTable, SliceSampler):
         >>> rb.update_tensordict_priority(sample)  # R2D2 mix of each slice's |td_error|
     """
 
-    def __init__(
-        self,
-        max_capacity: int,
-        alpha: float,
-        beta: float,
-        eps: float = 1e-8,
-        dtype: torch.dtype = torch.float32,
-        reduction: str = "max",
-        *,
-        eta: float = 0.9,
-        max_priority_within_buffer: bool = False,
-        uniform_mix: float = 0.0,
-        num_slices: int | None = None,
-        slice_len: int | None = None,
-        end_key: NestedKey | None = None,
-        end_keys: Sequence[NestedKey] | None = None,
-        traj_key: NestedKey | None = None,
-        step_key: NestedKey | None = "step_count",
-        fragmented: bool = False,
-        ends: Tensor | None = None,
-        trajectories: Tensor | None = None,
-        cache_values: bool = False,
-        truncated_key: NestedKey | None = ("next", "truncated"),
-        init_key: NestedKey | None = "is_init",
-        strict_length: bool = True,
-        compile: bool | dict = False,
-        span: bool | int | tuple[bool | int, bool | int] = False,
-        use_gpu: bool | torch.device | str = False,
-        pad_output: bool = False,
-        generator: torch.Generator | None = None,
-        min_slice_len: int | None = None,
-        start: Literal["any", "trajectory", "stride"] = "any",
-        start_stride: int | None = None,
-    ) -> None:
-        _check_priority_args(max_capacity, alpha, beta, eps, dtype, reduction, eta)
-        check_uniform_mix(uniform_mix, "PrioritizedSliceSampler")
-        super().__init__(
-            num_slices=num_slices, slice_len=slice_len, end_key=end_key, end_keys=end_keys,
-            traj_key=traj_key, step_key=step_key, fragmented=fragmented, ends=ends,
-            trajectories=trajectories, cache_values=cache_values, truncated_key=truncated_key,
-            init_key=init_key, strict_length=strict_length, compile=compile, span=span,
-            use_gpu=use_gpu, pad_output=pad_output, generator=generator,
-            min_slice_len=min_slice_len, start=start, start_stride=start_stride,
-        )  # fmt: skip
-        self.max_capacity = int(max_capacity)
-        self.alpha, self.beta, self.eps = float(alpha), float(beta), float(eps)
-        self.dtype, self.reduction, self.eta = dtype, reduction, float(eta)
-        self.max_priority_within_buffer = bool(max_priority_within_buffer)
-        self.uniform_mix = float(uniform_mix)
-        # p_i = |value| + eps per storage position (the start of the slices drawn there).
-        self._priority = torch.zeros(self.max_capacity, dtype=dtype)
-        self._max_priority = 1.0  # what new data gets (PER: the largest priority so far)
+    @takes(PriorityOptions, SliceOptions, exclude=["replacement", "drop_last", "shuffle"])
+    def __init__(self, priority: PriorityOptions, options: SliceOptions) -> None:
+        self._configure(options)
+        self._configure_priority(priority)
         self._tree = SumMinTree(self.max_capacity)
         # (table key, [W] start position of each window by rank, [C] windows starting at each
         # position, [C] rank of the first of them); the tree is built for this key.
@@ -433,48 +370,3 @@ def store_priorities(
     mean.scatter_reduce_(0, inverse, value, "mean", include_self=False)
     table[unique] = mean.to(table.dtype)
     return unique, mean
-
-
-def check_uniform_mix(uniform_mix: float, owner: str) -> None:
-    """Refuse a ``uniform_mix`` outside ``[0, 1]`` (the share of uniform draws)."""
-    if (
-        isinstance(uniform_mix, bool)
-        or not isinstance(uniform_mix, (int, float))
-        or not 0 <= uniform_mix <= 1
-    ):
-        raise ValueError(
-            f"{owner}: expected uniform_mix in [0, 1] (the share of the draw probability "
-            f"spread evenly), received {uniform_mix!r}; fix: e.g. uniform_mix=0.5, or 0 for "
-            "draws by priority alone."
-        )
-
-
-def _check_priority_args(
-    max_capacity, alpha, beta, eps, dtype, reduction, eta, owner: str = "PrioritizedSliceSampler"
-) -> None:
-    if isinstance(max_capacity, bool) or not isinstance(max_capacity, int) or max_capacity <= 0:
-        raise ValueError(
-            f"{owner}: expected max_capacity to be a positive int, received {max_capacity!r}; "
-            "fix: pass the storage's max_size."
-        )
-    for name, value in (("alpha", alpha), ("beta", beta), ("eps", eps)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise ValueError(
-                f"{owner}: expected {name} to be a number >= 0, received {value!r}; fix: e.g. "
-                "alpha=0.9, beta=0.6 (R2D2), eps=1e-8."
-            )
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(
-            f"{owner}: expected dtype to be a floating torch.dtype, received {dtype!r}; fix: "
-            "dtype=torch.float32 (or torch.float64)."
-        )
-    if reduction not in REDUCTIONS:
-        raise ValueError(
-            f"{owner}: expected reduction to be one of {REDUCTIONS}, received {reduction!r}; "
-            "fix: reduction='max'. (The mix over a slice's steps is eta=, not reduction=.)"
-        )
-    if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not 0 <= eta <= 1:
-        raise ValueError(
-            f"{owner}: expected eta in [0, 1] (the weight of the max in eta * max + "
-            f"(1 - eta) * mean), received {eta!r}; fix: eta=0.9 (R2D2)."
-        )

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 import torch
 from tensordict import TensorDictBase
-from tensordict.utils import NestedKey
 from torch import Tensor
 
-from recurrl.data.samplers.prioritized_slice import (
-    WEIGHT_KEY,
-    PriorityTable,
-    _check_priority_args,
-    check_uniform_mix,
-    store_priorities,
-)
+from recurrl.data.samplers._options import takes
+from recurrl.data.samplers._priority_args import PriorityOptions
+from recurrl.data.samplers._tape_args import TapeOptions
+from recurrl.data.samplers.prioritized_slice import WEIGHT_KEY, PriorityTable, store_priorities
 from recurrl.data.samplers.slice import MASK_KEY
 from recurrl.data.samplers.tape import TapeSampler
 from recurrl.data.storages.base import Storage
@@ -46,11 +40,10 @@ class PrioritizedTapeSampler(PriorityTable, TapeSampler):
     computes it from a tape (every episode on a tape starts at an ``is_init``; an episode cut
     at the budget is scored on the steps replayed).
 
-    Args:
-        max_capacity: size of the priority table: at least the storage's ``max_size``.
-        alpha: priority exponent (``0``: uniform draws).
-        beta: importance-sampling exponent (``0``: all weights 1).
-        eps: added to ``|value|`` so that no episode has priority 0 (default ``1e-8``).
+    The tape arguments are :class:`TapeSampler`'s; draws are by priority, so there is no
+    ``weight`` (nor ``reduction`` or ``max_priority_within_buffer``).
+
+    Keyword Args:
         eta: the max's weight in R2D2's mix, for the caller that reduces an episode's
             per-step TD errors (``sequence_priority(..., eta=sampler.eta)``);
             :meth:`update_priority` itself takes one value per episode.
@@ -58,11 +51,6 @@ class PrioritizedTapeSampler(PriorityTable, TapeSampler):
             episodes, in ``[0, 1]`` (default ``0``: by priority alone). It bounds how much
             more likely a high-priority (e.g. never replayed) episode is than the others, and
             how small an importance weight can get: ``w_e >= u / (u + (1 - u) E P_max)``.
-        dtype: dtype of the priority table.
-
-    The other arguments (``frames_per_tape``, ``num_tapes``, ``traj_key``, ``end_key``,
-    ``init_key``, ``step_key``, ``truncated_key``, ``overflow``, ``generator``) are
-    :class:`TapeSampler`'s; draws are by priority, so there is no ``weight``.
 
     Examples:
         >>> import torch
@@ -86,41 +74,11 @@ class PrioritizedTapeSampler(PriorityTable, TapeSampler):
         (tensor([2, 2, 1, 1, 1]), tensor([0.2500, 0.2500, 1.0000, 1.0000, 1.0000]))
     """
 
-    def __init__(
-        self,
-        max_capacity: int,
-        alpha: float,
-        beta: float,
-        eps: float = 1e-8,
-        dtype: torch.dtype = torch.float32,
-        *,
-        eta: float = 0.9,
-        uniform_mix: float = 0.0,
-        frames_per_tape: int | None = None,
-        num_tapes: int = 1,
-        traj_key: NestedKey | None = None,
-        end_key: NestedKey | None = None,
-        init_key: NestedKey = "is_init",
-        step_key: NestedKey | None = "step_count",
-        truncated_key: NestedKey | None = ("next", "truncated"),
-        overflow: Literal["cut", "drop"] = "cut",
-        generator: torch.Generator | None = None,
-    ) -> None:
-        _check_priority_args(max_capacity, alpha, beta, eps, dtype, "max", eta,
-                             owner="PrioritizedTapeSampler")  # fmt: skip
-        check_uniform_mix(uniform_mix, "PrioritizedTapeSampler")
-        super().__init__(
-            frames_per_tape=frames_per_tape, num_tapes=num_tapes, traj_key=traj_key,
-            end_key=end_key, init_key=init_key, step_key=step_key, truncated_key=truncated_key,
-            overflow=overflow, weight="uniform", generator=generator,
-        )  # fmt: skip
-        self.max_capacity = int(max_capacity)
-        self.alpha, self.beta, self.eps = float(alpha), float(beta), float(eps)
-        self.eta = float(eta)
-        self.uniform_mix = float(uniform_mix)
-        self.dtype = dtype
-        self._priority = torch.zeros(self.max_capacity, dtype=dtype)  # at episode starts
-        self._max_priority = 1.0
+    @takes(PriorityOptions, TapeOptions,
+           exclude=["reduction", "max_priority_within_buffer", "weight"])  # fmt: skip
+    def __init__(self, priority: PriorityOptions, options: TapeOptions) -> None:
+        self._configure(options)
+        self._configure_priority(priority)  # a priority per episode, at its first step
         self._mass: np.ndarray | None = None  # [E] draw weights of the complete episodes
         self._min_mass = 1.0
         self._mix: tuple[float, int] = (1.0, 1)  # (sum of p^alpha, count) of the drawable

@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Literal
-
 import numpy as np
 import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 from torch import Tensor
 
+from recurrl.data.samplers._options import takes
 from recurrl.data.samplers._segments import Segments
-from recurrl.data.samplers._slice_args import (
-    _check_fragmented,
-    _check_key,
-    _given_boundaries,
-    _integer_leaf,
-    _key,
-    _parse_end_keys,
-    _parse_span,
-    _parse_start,
-    _positive,
-)
+from recurrl.data.samplers._slice_args import DONE_KEY, SliceOptions, _integer_leaf, _key
 from recurrl.data.samplers.base import Sampler
 from recurrl.data.storages.base import Storage
 
@@ -31,7 +19,6 @@ __all__ = ["SliceSampler"]
 TRAJ_KEY = ("collector", "traj_ids")
 EPISODE_KEY = "episode"
 END_KEY = ("next", "done")
-DONE_KEY = ("next", "done")
 MASK_KEY = ("collector", "mask")
 
 
@@ -98,7 +85,7 @@ class SliceSampler(Sampler):
     (OR-ed with the stored flags; only when the storage holds that key), ``truncated_key`` and
     ``("next", "done")`` are True at every slice end (OR-ed with the stored flags).
 
-    ``pad_output=True`` returns exactly ``[num_slices * slice_len]`` steps (view it as
+    **Padding.** ``pad_output=True`` returns exactly ``[num_slices * slice_len]`` steps (view it as
     ``[num_slices, slice_len]`` if you like): each slice is followed by padding up to
     ``slice_len``, and ``("collector", "mask")`` is True on real steps. Padded steps are
     zeros, except ``"is_init"`` (True, so each real slice end is a sequence end and no state
@@ -106,53 +93,6 @@ class SliceSampler(Sampler):
     The mask is written on every padded sample, also when no slice was short, so every
     batch has the same keys (stacking, ``torch.compile`` and loss code need no branch).
     Prefer the ragged output: recurrent modules consume it directly without padding waste.
-
-    Args:
-        num_slices: number of slices per batch.
-        slice_len: steps per slice.
-        end_key: boolean ``[*B, 1]`` key ending trajectories. Default ``("next", "done")``.
-            Exclusive with ``end_keys``.
-        end_keys: a list of boolean ``[*B, 1]`` keys, OR-ed: a step ends a trajectory when
-            any of them is True (e.g. ``[("next", "done"), ("next", "truncated")]`` for data
-            whose truncations are not copied into ``done``). Keys the data lacks are
-            skipped; at least one must be stored. Exclusive with ``end_key``; reported as
-            given in ``end_keys`` (``end_key`` stays None).
-        traj_key: int ``[*B]`` trajectory id key. Default: ``("collector", "traj_ids")``,
-            else ``"episode"``, when the data has it. See above for both given.
-        step_key: int ``[*B]`` key counting each trajectory's steps (default
-            ``"step_count"``, :class:`StepCounter`'s key); read only with ``fragmented=True``
-            (as in the reference), otherwise just reported.
-        fragmented: rebuild trajectories from ``(traj_key, step_key)`` instead of storage
-            order: the stored steps are sorted by (id, step) and a run of one id whose step
-            numbers count up by one is a segment, wherever its steps lie (interleaved
-            writers, rows of different batches). A missing step splits a run; a repeated
-            (id, step) pair is an error. Needs trajectory ids (given or detected) and
-            refuses ``end_key`` / ``end_keys`` / ``ends`` / ``trajectories``. Runs are
-            rebuilt (a sort, ``O(n log n)``) at the first sample after each write.
-        ends: ``[len(storage)]`` bool end flags, one per stored position (instead of a key).
-        trajectories: ``[len(storage)]`` int ids, one per stored position (instead of a key).
-        cache_values: accepted for API compatibility; boundaries are always cached.
-        truncated_key: key set True at slice ends (``None``: do not mark).
-        init_key: key set True at slice starts, OR-ed with the stored flags, when the
-            storage holds it (the key ``InitTracker`` writes; ``None``: do not mark). Marks
-            only, never boundaries (as in the reference). Must differ from ``truncated_key``
-            and ``("next", "done")``.
-        strict_length: see above.
-        span: see above (default ``False``).
-        start: ``"any"``, ``"trajectory"`` or ``"stride"``: where slices may start; see
-            above.
-        start_stride: period of ``start="stride"``, in steps (``None``: ``slice_len // 2``,
-            at least 1); only with ``start="stride"``.
-        min_slice_len: fewest steps a slice may have, ``1 <= min_slice_len <= slice_len``
-            (``None``: ``slice_len``, whole slices only); below ``slice_len`` it needs
-            ``strict_length=False``. See above.
-        compile, use_gpu: accepted and ignored: sampling is index arithmetic over a few
-            cached host arrays (one entry per segment), with nothing to compile or offload.
-        pad_output: see above; needs ``strict_length=False`` (whole slices need no padding).
-        replacement: see above (default ``True``).
-        drop_last, shuffle: with ``replacement=False`` only; see
-            :class:`SliceSamplerWithoutReplacement`.
-        generator: random generator (default: torch's global one).
 
     Examples:
         >>> import torch
@@ -178,109 +118,18 @@ class SliceSampler(Sampler):
                 [0, 0, 0, 1]], dtype=torch.int32)
     """
 
-    def __init__(
-        self,
-        *,
-        num_slices: int | None = None,
-        slice_len: int | None = None,
-        end_key: NestedKey | None = None,
-        end_keys: Sequence[NestedKey] | None = None,
-        traj_key: NestedKey | None = None,
-        step_key: NestedKey | None = "step_count",
-        fragmented: bool = False,
-        ends: Tensor | None = None,
-        trajectories: Tensor | None = None,
-        cache_values: bool = False,
-        truncated_key: NestedKey | None = ("next", "truncated"),
-        init_key: NestedKey | None = "is_init",
-        strict_length: bool = True,
-        compile: bool | dict = False,
-        span: bool | int | tuple[bool | int, bool | int] = False,
-        use_gpu: bool | torch.device | str = False,
-        pad_output: bool = False,
-        replacement: bool = True,
-        drop_last: bool | None = None,
-        shuffle: bool | None = None,
-        generator: torch.Generator | None = None,
-        min_slice_len: int | None = None,
-        start: Literal["any", "trajectory", "stride"] = "any",
-        start_stride: int | None = None,
-    ) -> None:
-        super().__init__(generator=generator)
-        self.start, self.start_stride = _parse_start(start, start_stride)
-        if (num_slices is None) == (slice_len is None):
-            raise ValueError(
-                "SliceSampler: expected exactly one of num_slices / slice_len, received "
-                f"num_slices={num_slices}, slice_len={slice_len}; fix: give one, the other is "
-                "batch_size // it."
-            )
-        _positive("num_slices", num_slices)
-        _positive("slice_len", slice_len)
-        _positive("min_slice_len", min_slice_len)
-        if min_slice_len is not None and slice_len is not None and min_slice_len > slice_len:
-            raise ValueError(
-                f"SliceSampler: expected min_slice_len <= slice_len, received min_slice_len="
-                f"{min_slice_len}, slice_len={slice_len}; fix: lower min_slice_len."
-            )
-        if min_slice_len is not None and strict_length and min_slice_len != slice_len:
-            raise ValueError(
-                f"SliceSampler: min_slice_len={min_slice_len} allows slices shorter than "
-                f"slice_len, but strict_length=True asks for whole slices only; fix: pass "
-                "strict_length=False."
-            )
-        if pad_output and strict_length:
-            raise ValueError(
-                "SliceSampler: pad_output=True pads slices shorter than slice_len, but "
-                "strict_length=True (the default) only returns whole slices, so there would "
-                "be nothing to pad; fix: pass strict_length=False with pad_output=True, or "
-                "drop pad_output."
-            )
-        self.span = _parse_span(span)
-        if self.span is not None and min_slice_len is not None:
-            raise ValueError(
-                f"SliceSampler: span={span!r} and min_slice_len={min_slice_len} both set how "
-                "short a slice cut at a trajectory end may be; fix: give only one of them "
-                "(min_slice_len=m is span=(False, slice_len - m))."
-            )
-        end_keys = _parse_end_keys(end_keys, end_key)
-        if fragmented:
-            _check_fragmented(step_key, end_key, end_keys, ends, trajectories)
-        self._given = _given_boundaries(ends, trajectories, end_key, traj_key, end_keys)
-        truncated_key = _check_key("truncated_key", truncated_key)
-        init_key = _check_key("init_key", init_key)
-        if init_key is not None and init_key in (truncated_key, DONE_KEY):
-            raise ValueError(
-                f"SliceSampler: init_key={init_key!r} names the entry marked at slice ends "
-                f"(truncated_key={truncated_key!r}, or ('next', 'done')), but it is marked at "
-                "slice starts; fix: pass distinct keys (default init_key='is_init')."
-            )
-        if replacement and (drop_last is not None or shuffle is not None):
-            raise ValueError(
-                f"SliceSampler: drop_last={drop_last!r} / shuffle={shuffle!r} apply to "
-                "sampling without replacement only; fix: pass replacement=False (or use "
-                "SliceSamplerWithoutReplacement), or drop them."
-            )
-        # compile / use_gpu: sampling is index arithmetic over a few cached [S] host arrays
-        # (cost proportional to the number of trajectory segments, not to the buffer size);
-        # there is nothing to compile or to move to a GPU, so both are accepted and ignored.
-        self.compile, self.use_gpu = compile, use_gpu
-        self.num_slices, self.slice_len = num_slices, slice_len
-        self._end_key_arg = _check_key("end_key", end_key)
-        self._traj_key_arg = _check_key("traj_key", traj_key)
-        # Reported after the first data is seen: the key trajectories were read from.
-        self.end_key, self.traj_key = self._end_key_arg, self._traj_key_arg
-        self.end_keys = end_keys  # as given (end flags OR-ed); None: end_key
-        self.step_key = _check_key("step_key", step_key)  # read with fragmented=True only
-        self.fragmented = bool(fragmented)
+    @takes(SliceOptions)
+    def __init__(self, options: SliceOptions) -> None:
+        self._configure(options)
+
+    def _configure(self, options: SliceOptions) -> None:
+        """Set the sampler up from its checked arguments: what the ``__init__`` of every
+        slice sampler does, each with its own signature. (Each argument is already an
+        attribute, e.g. ``self.slice_len``; ``end_key`` / ``traj_key`` / ``end_keys`` then
+        report the keys read from the first data.)"""
+        super().__init__(generator=options.generator)
+        self.options = options  # the checked constructor arguments, as given
         self._order: Tensor | None = None  # fragmented: storage positions in (id, step) order
-        self.init_key = init_key
-        self.cache_values = cache_values
-        self.truncated_key = truncated_key
-        self.strict_length, self.pad_output = strict_length, pad_output
-        self.min_slice_len = min_slice_len
-        self.replacement = bool(replacement)
-        self.drop_last = bool(drop_last) if drop_last is not None else False
-        self.shuffle = bool(shuffle) if shuffle is not None else True
         self._segments: Segments | None = None
         self._mode: str | None = None  # "traj" or "end", resolved from the first data
         self._boundary_keys: tuple[NestedKey, ...] | None = None  # read from the data
@@ -292,6 +141,22 @@ class SliceSampler(Sampler):
         self._epoch_key = None
         self._used = 0
         self.ran_out = False
+
+    @property
+    def span(self) -> tuple[int | None, int | None] | None:
+        """``span`` per side (left, right), parsed: how many steps a window cut by the
+        trajectory start / end may lack (``None``: no span; ``-1``: all but one)."""
+        return self.options.sides
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether a short batch starts a new epoch (sampling without replacement)."""
+        return bool(self.options.drop_last)
+
+    @property
+    def shuffle(self) -> bool:
+        """Whether an epoch visits the starts in random order (without replacement)."""
+        return self.options.shuffle is not False
 
     # -- shape ---------------------------------------------------------------------------
     def slice_shape(self, batch_size: int) -> tuple[int, int]:
@@ -316,19 +181,20 @@ class SliceSampler(Sampler):
         ``end_key``, else ``("next", "done")``)."""
         if self._mode is not None:
             return
-        if self._given is not None:
-            self._mode, self._boundary_keys = self._given[0], None
+        if self.options.given is not None:
+            self._mode, self._boundary_keys = self.options.given[0], None
             return
         keys = set(data.keys(include_nested=True, leaves_only=True))
-        if self.fragmented and self.step_key not in keys:
+        step_key = self.step_key
+        if self.fragmented and step_key not in keys:
             raise KeyError(
                 f"SliceSampler(fragmented=True): expected the step numbers under step_key="
-                f"{self.step_key!r} in the data, received keys {sorted(map(str, keys))}; fix: "
+                f"{step_key!r} in the data, received keys {sorted(map(str, keys))}; fix: "
                 "store them (e.g. with a StepCounter transform) or pass step_key=."
             )
-        traj_given = self._traj_key_arg
+        traj_given = self.options.traj_key
         end_given = self.end_keys or (
-            (self._end_key_arg,) if self._end_key_arg is not None else None
+            (self.options.end_key,) if self.options.end_key is not None else None
         )
         if traj_given is not None:
             id_candidates = [traj_given]
@@ -393,7 +259,7 @@ class SliceSampler(Sampler):
     def extend(self, storage: Storage, index: Tensor, data: TensorDictBase,
                row_start: Tensor) -> None:  # fmt: skip
         self._resolve_mode(data)
-        if self._given is not None:
+        if self.options.given is not None:
             return  # boundaries come from ends= / trajectories=: rebuilt when sampling
         if self.fragmented:  # checked now (raise early); runs are rebuilt when sampling
             _integer_leaf(data, self._boundary_keys[0], "traj_key", index.numel())
@@ -436,8 +302,8 @@ class SliceSampler(Sampler):
             return
         oldest = storage.cursor if n == storage.max_size else 0
         order = (torch.arange(n) + oldest) % storage.max_size
-        if self._given is not None:
-            given = self._given[1]
+        if self.options.given is not None:
+            given = self.options.given[1]
             if given.numel() != n:
                 name = "ends" if self._mode == "end" else "trajectories"
                 raise ValueError(
@@ -464,11 +330,12 @@ class SliceSampler(Sampler):
         n = len(storage)
         data = storage.data[:n]
         ids = _integer_leaf(data, self._boundary_keys[0], "traj_key", n).numpy()
-        steps = _integer_leaf(data, self.step_key, "step_key", n).numpy()
+        step_key = self.step_key
+        steps = _integer_leaf(data, step_key, "step_key", n).numpy()
         if (steps < 0).any():
             raise ValueError(
                 f"SliceSampler(fragmented=True): expected non-negative step numbers under "
-                f"step_key={self.step_key!r}, received {int(steps.min())}; fix: store the step "
+                f"step_key={step_key!r}, received {int(steps.min())}; fix: store the step "
                 "count of each trajectory (0 at its first step)."
             )
         order = np.lexsort((steps, ids))
@@ -504,14 +371,15 @@ class SliceSampler(Sampler):
         ``-(slice_len - left_min) <= o <= n - right_min`` (``left_min`` ``None``: ``o >= 0``);
         its real steps are ``[max(o, 0), min(o + slice_len, n))``.
         """
-        if self.min_slice_len is not None and self.min_slice_len > slice_len:
+        min_slice_len = self.min_slice_len
+        if min_slice_len is not None and min_slice_len > slice_len:
             # slice_len came from num_slices and batch_size
             raise ValueError(
                 f"SliceSampler: expected min_slice_len <= slice_len, received min_slice_len="
-                f"{self.min_slice_len}, slice_len={slice_len} (batch_size // num_slices); fix: "
+                f"{min_slice_len}, slice_len={slice_len} (batch_size // num_slices); fix: "
                 "lower min_slice_len or raise batch_size."
             )
-        right, left = (self.min_slice_len or slice_len), None
+        right, left = (min_slice_len or slice_len), None
         if self.span is not None:
             lack_left, lack_right = self.span
             if lack_right is not None:
@@ -529,7 +397,8 @@ class SliceSampler(Sampler):
         """Per segment: number of valid windows ``[S]`` and their cumulative sum ``[S]``."""
         right, left, _ = self._bounds(slice_len)
         step = self._start_step(slice_len)
-        key = (segments.version, slice_len, self.strict_length, right, left, self.start, step)
+        strict = self.strict_length
+        key = (segments.version, slice_len, strict, right, left, self.start, step)
         if self._table is None or self._table[0] != key:
             lo = 0 if left is None else -(slice_len - left)
             if step is None:  # start="trajectory": the window at offset 0 only
@@ -541,7 +410,7 @@ class SliceSampler(Sampler):
             # A segment with no valid window: skipped (strict_length) or one whole slice.
             # Offsets are all 0 without a left span (None: nothing to add when locating).
             offsets = None if first == 0 else np.where(counts <= 0, 0, first).astype(np.int64)
-            np.maximum(counts, 0 if self.strict_length else 1, out=counts)
+            np.maximum(counts, 0 if strict else 1, out=counts)
             self._table = (key, counts, np.cumsum(counts), offsets, step)
         return self._table[1], self._table[2]
 
@@ -587,9 +456,9 @@ class SliceSampler(Sampler):
             raise RuntimeError(
                 f"{type(self).__name__}: expected a stored trajectory of at least "
                 f"{self._min_len(slice_len)} steps (slice_len={slice_len}, min_slice_len="
-                f"{self.min_slice_len}, span={self.span}), received trajectories of at most "
-                f"{longest} steps; fix: use strict_length=False, a smaller slice_len, or store "
-                "more data."
+                f"{self.min_slice_len}, span={self.span}), received trajectories of at "
+                f"most {longest} steps; fix: use strict_length=False, a smaller slice_len, or "
+                "store more data."
             )
         return num_slices, slice_len, segments, total
 
@@ -624,7 +493,8 @@ class SliceSampler(Sampler):
     def _slices(self, storage: Storage, start: Tensor, length: Tensor, slice_len: int):
         """Index, start / end flags and padding mask of slices starting at ``start`` with
         ``length`` real steps."""
-        if self.strict_length and self.span is None and not self.fragmented:
+        whole = self.strict_length and self.span is None  # every slice slice_len long
+        if whole and not self.fragmented:
             # Whole slices of the ring (the default): every length is slice_len, so the
             # flags are one fixed pattern per shape, and the positions need one wrap.
             pos = start.numpy()[:, None] + np.arange(slice_len)  # [M, L], < 2 * max_size
@@ -648,7 +518,7 @@ class SliceSampler(Sampler):
             # Padding is marked is_init: the real last step is then a sequence end, where
             # recurrent mode's ("next", state) is exact, in flat and in [M, L] layout.
             is_start, is_end = (is_start | ~real).reshape(-1), is_end.reshape(-1)
-        elif self.strict_length and self.span is None:
+        elif whole:
             index, is_start, is_end = pos.reshape(-1), is_start.reshape(-1), is_end.reshape(-1)
         else:
             real = steps < lengths
@@ -670,7 +540,8 @@ class SliceSampler(Sampler):
             is_start, is_end = is_start.to(storage.device), is_end.to(storage.device)
             mask = None if mask is None else mask.to(storage.device)
         info: dict = {}
-        marks = [(self.init_key, is_start), (self.truncated_key, is_end), (DONE_KEY, is_end)]
+        marks = [(self.init_key, is_start), (self.truncated_key, is_end),
+                 (DONE_KEY, is_end)]  # fmt: skip
         for i, (key, flag) in enumerate(marks):
             stored = None if key is None else storage.leaf(key)
             if stored is not None:
@@ -700,7 +571,8 @@ class SliceSampler(Sampler):
         if mask is not None:  # padding: finite zeros, not copies of real steps
             data = data.masked_fill(~mask, 0)
         info: dict = {}
-        marks = [(self.init_key, is_start), (self.truncated_key, is_end), (DONE_KEY, is_end)]
+        marks = [(self.init_key, is_start), (self.truncated_key, is_end),
+                 (DONE_KEY, is_end)]  # fmt: skip
         for i, (key, flag) in enumerate(marks):
             if key is not None and storage.leaf(key) is not None:
                 value = data.get(key)

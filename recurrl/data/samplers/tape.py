@@ -11,22 +11,19 @@ burn-in, no stale stored state, no padding inside the tape.
 from __future__ import annotations
 
 import warnings
-from typing import Literal
 
 import numpy as np
 import torch
 from tensordict.utils import NestedKey
 from torch import Tensor
 
-from recurrl.data.samplers._slice_args import _check_key
+from recurrl.data.samplers._options import takes
+from recurrl.data.samplers._tape_args import TapeOptions
 from recurrl.data.samplers.base import Sampler
 from recurrl.data.samplers.slice import DONE_KEY, MASK_KEY, SliceSampler
 from recurrl.data.storages.base import Storage
 
 __all__ = ["TapeSampler"]
-
-_OVERFLOW = ("cut", "drop")
-_WEIGHT = ("uniform", "length")
 
 
 class TapeSampler(Sampler):
@@ -82,24 +79,6 @@ class TapeSampler(Sampler):
     cut (OR-ed with the stored flags), ``("collector", "mask")``. No burn-in is needed: use
     losses with ``burn_in=0`` (the default of :class:`~recurrl.objectives.DQNLoss`).
 
-    Args:
-        frames_per_tape: steps per tape (``>= 1``). ``None``: ``batch_size // num_tapes``.
-            Given, ``sample`` needs ``batch_size == num_tapes * frames_per_tape``.
-        num_tapes: tapes per batch (``>= 1``).
-        traj_key: int ``[*B]`` trajectory id key (default: ``("collector", "traj_ids")``,
-            else ``"episode"``, when the data has it); as :class:`SliceSampler`.
-        end_key: bool ``[*B, 1]`` key ending episodes (default ``("next", "done")``). With
-            ids it only tells complete episodes; without ids it also cuts trajectories.
-        init_key: bool key True at episode starts (``InitTracker``'s ``"is_init"``): read to
-            tell episode starts and marked in the sample.
-        step_key: int key counting each episode's steps (``StepCounter``'s
-            ``"step_count"``): tells episode starts when the storage has no ``init_key``, and
-            checks that joined pieces chain. ``None``: not read.
-        truncated_key: key set True at a cut (``None``: not marked).
-        overflow: ``"cut"`` or ``"drop"``; see above.
-        weight: ``"uniform"`` or ``"length"``; see above.
-        generator: random generator (default: torch's global one).
-
     Examples:
         >>> import torch
         >>> from tensordict import TensorDict
@@ -125,55 +104,21 @@ class TapeSampler(Sampler):
         tensor([0, 1, 0, 0, 1, 0, 0, 1], dtype=torch.int32)
     """
 
-    def __init__(
-        self,
-        *,
-        frames_per_tape: int | None = None,
-        num_tapes: int = 1,
-        traj_key: NestedKey | None = None,
-        end_key: NestedKey | None = None,
-        init_key: NestedKey = "is_init",
-        step_key: NestedKey | None = "step_count",
-        truncated_key: NestedKey | None = ("next", "truncated"),
-        overflow: Literal["cut", "drop"] = "cut",
-        weight: Literal["uniform", "length"] = "uniform",
-        generator: torch.Generator | None = None,
-    ) -> None:
-        super().__init__(generator=generator)
-        for name, value in (("frames_per_tape", frames_per_tape), ("num_tapes", num_tapes)):
-            if value is None and name == "frames_per_tape":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"TapeSampler: expected {name} to be an int >= 1, received {value!r}; fix: "
-                    f"e.g. {name}={'1000' if name == 'frames_per_tape' else '1'}."
-                )
-        if overflow not in _OVERFLOW:
-            raise ValueError(
-                f"TapeSampler: expected overflow to be one of {_OVERFLOW}, received "
-                f"{overflow!r}; fix: 'cut' (cut the last episode at the budget, marked "
-                "truncated) or 'drop' (put it back, pad the tape)."
-            )
-        if weight not in _WEIGHT:
-            raise ValueError(
-                f"TapeSampler: expected weight to be one of {_WEIGHT}, received {weight!r}; "
-                "fix: 'uniform' (every episode alike) or 'length' (in proportion to length)."
-            )
-        init_key = _check_key("init_key", init_key)
-        if init_key is None:
-            raise ValueError(
-                "TapeSampler: expected an init_key (episode starts are marked there for "
-                "recurrent mode), received None; fix: init_key='is_init'."
-            )
-        self.frames_per_tape, self.num_tapes = frames_per_tape, num_tapes
-        self.init_key = init_key
-        self.step_key = _check_key("step_key", step_key)
-        self.truncated_key = _check_key("truncated_key", truncated_key)
-        self.overflow, self.weight = overflow, weight
-        self._end_key_arg = _check_key("end_key", end_key)
+    @takes(TapeOptions)
+    def __init__(self, options: TapeOptions) -> None:
+        self._configure(options)
+
+    def _configure(self, options: TapeOptions) -> None:
+        """Set the sampler up from its checked arguments: what the ``__init__`` of every
+        tape sampler does, each with its own signature. (Each argument is already an
+        attribute, e.g. ``self.num_tapes``; ``traj_key`` and ``end_key`` report the keys in
+        use.)"""
+        super().__init__(generator=options.generator)
+        self.options = options  # the checked constructor arguments, as given
         # The trajectory bookkeeping (segments, incremental on extend) of SliceSampler.
-        self._tracker = SliceSampler(slice_len=1, traj_key=traj_key, end_key=end_key,
-                                     init_key=None, truncated_key=None)  # fmt: skip
+        self._tracker = SliceSampler(slice_len=1, traj_key=options.traj_key,
+                                     end_key=options.end_key, init_key=None,
+                                     truncated_key=None)  # fmt: skip
         self._episodes: tuple | None = None  # (cache key, piece starts/lengths, episodes)
         self._warned_long = False  # warned once that an episode outgrows a tape
 
@@ -192,7 +137,7 @@ class TapeSampler(Sampler):
         """The key whose True flag ends an episode."""
         if self._tracker._mode == "end" and self._tracker.end_key is not None:
             return self._tracker.end_key
-        return self._end_key_arg if self._end_key_arg is not None else DONE_KEY
+        return self.options.end_key if self.options.end_key is not None else DONE_KEY
 
     def tape_shape(self, batch_size: int) -> tuple[int, int]:
         """``(num_tapes, frames_per_tape)`` for ``batch_size``; ValueError if they disagree.
