@@ -1,9 +1,53 @@
-"""Fixtures shared by every test: a fixed seed and one intra-op thread."""
+"""Fixtures shared by every test: a fixed seed, one intra-op thread, no run files left in the
+working directory; the Ray tests' shared cluster and their grouping on one test worker."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 import torch
+
+#: what a training run writes into its run directory; a test that builds a trainer without
+#: a run directory under ``tmp_path`` writes them into the working directory (``"."``)
+RUN_FILES = ("metrics.csv", "checkpoint.pt")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test that takes ``ray_session`` is ``slow`` and joins the ``xdist_group`` "ray".
+
+    Slow: a local Ray cluster, its actors and their round trips take most of the suite's
+    time on 2 cores; the README's test command skips them, CI runs them in a second step.
+    The group: under ``pytest -n 2`` (``--dist loadgroup``, set in pyproject.toml) they run
+    on one worker, with one local Ray cluster for all of them and no second cluster
+    competing for the same two cores.
+    """
+    for item in items:
+        if "ray_session" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
+@pytest.fixture(autouse=True)
+def _no_run_files_in_the_working_directory() -> Iterator[None]:
+    """A test must write its run files under ``tmp_path``, never into the checkout."""
+    cwd = Path.cwd()
+    before = {name for name in RUN_FILES if (cwd / name).exists()}
+    yield
+    new = [name for name in RUN_FILES if name not in before and (cwd / name).exists()]
+    if new:
+        for name in new:  # removed: the next test starts from a clean directory
+            (cwd / name).unlink(missing_ok=True)
+        pytest.fail(
+            f"the test wrote {', '.join(new)} into the working directory {cwd} (now removed): "
+            f"expected run files under tmp_path. Fix: give the trainer a run directory, e.g. "
+            f"--run-dir str(tmp_path) or RunConfig(run_dir=str(tmp_path))."
+        )
 
 
 @pytest.fixture(autouse=True)
@@ -60,12 +104,17 @@ def ray_session():
     (``address="local"``). Tests that need Ray take this fixture; they are skipped
     when the ``ray`` extra is not installed.
     """
-    import os
-
     ray = pytest.importorskip("ray")
     os.environ.pop("RAY_ADDRESS", None)
     started = not ray.is_initialized()
+    ray_tmp = None
     if started:
+        # Ray keeps every session's logs and sockets under its temporary folder after
+        # shutdown: one of its own (a short path: socket paths must fit in 107 characters),
+        # removed at the end of the run, leaves nothing behind.
+        ray_tmp = tempfile.mkdtemp(prefix="recurrl-ray-")
+        previous = os.environ.get("RAY_TMPDIR")
+        os.environ["RAY_TMPDIR"] = ray_tmp
         ray.init(
             address="local",
             num_cpus=4,
@@ -77,6 +126,11 @@ def ray_session():
     yield ray
     if started:
         ray.shutdown()
+        if previous is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = previous
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -49,8 +49,11 @@ _failure: str | None = None  # why try_load_extension failed (remembered for the
 # it at::parallel_for compiles to a serial loop and the kernels use one thread whatever
 # torch.get_num_threads() says.
 _OPENMP = sys.platform.startswith("linux") and torch.backends.openmp.is_available()
-_CFLAGS = ["-O3", "-fopenmp"] if _OPENMP else ["-O3"]
-_LDFLAGS = ["-fopenmp"] if _OPENMP else []
+# Tuples, and lists made afresh for each build: torch's load() appends its own flags
+# (-L<torch lib>, -ltorch, ...) to the lists it is given, in place, and these flags are
+# hashed into the build directory's name, which must not change once the kernels are loaded.
+_CFLAGS: tuple[str, ...] = ("-O3", "-fopenmp") if _OPENMP else ("-O3",)
+_LDFLAGS: tuple[str, ...] = ("-fopenmp",) if _OPENMP else ()
 
 
 def source_files() -> list[Path]:
@@ -59,7 +62,7 @@ def source_files() -> list[Path]:
 
 
 def _sources_hash(sources: list[Path]) -> str:
-    digest = hashlib.sha256(" ".join(_CFLAGS + _LDFLAGS).encode())
+    digest = hashlib.sha256(" ".join((*_CFLAGS, *_LDFLAGS)).encode())
     # the folders too: torch's build file names the sources by path, so two copies of the
     # same sources (two checkouts, an installed and an editable copy) sharing one build
     # directory would rebuild it every time the other one loads
@@ -145,8 +148,8 @@ def load_extension(verbose: bool = False) -> None:
             load(
                 name=EXTENSION_NAME,
                 sources=[str(s) for s in sources],
-                extra_cflags=_CFLAGS,
-                extra_ldflags=_LDFLAGS,
+                extra_cflags=list(_CFLAGS),
+                extra_ldflags=list(_LDFLAGS),
                 is_python_module=False,
                 build_directory=str(directory),
                 verbose=verbose,

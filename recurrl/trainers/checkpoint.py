@@ -24,7 +24,9 @@ Loading a checkpoint never runs code from the file:
 * recurrl's batched torch envs (``--engine torch``, what ``auto`` picks for the tasks that
   have one) hold their whole state in tensors: it is always stored (``"simulator_tensors"``)
   and restored without trusting anything, so such a run resumes its interrupted episodes
-  and replays the uninterrupted run exactly with no option at all.
+  and replays the uninterrupted run exactly with no option at all. With ``--collector
+  ray`` each worker's torch envs are stored likewise, with the worker's RNG state (in the
+  collector's state, per worker).
 
 Examples:
     >>> import tempfile
@@ -36,11 +38,15 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import io
 import os
 import pickle
 import random
+import shlex
+import shutil
 import struct
 import warnings
 from collections import OrderedDict
@@ -55,7 +61,16 @@ from recurrl.collectors import Collector
 from recurrl.data._files import weights_only_reason
 from recurrl.trainers.errors import CheckpointError
 
-__all__ = ["CHECKPOINT", "load", "read_file", "restore", "save", "seed_everything", "write_file"]
+__all__ = [
+    "CHECKPOINT",
+    "CheckpointWriteError",
+    "load",
+    "read_file",
+    "restore",
+    "save",
+    "seed_everything",
+    "write_file",
+]
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -65,6 +80,30 @@ MAGIC = b"RECURRL-CHECKPOINT-1\n"
 _HEADER = struct.Struct("<32sQ")
 _TD = "__tensordict__"  # marks a TensorDict stored as a plain dict
 _PLAIN = (bool, int, float, str, type(None))
+# a full disk, or a full quota: the fix is the same (make room); EDQUOT is POSIX only
+_NO_SPACE = {errno.ENOSPC: "no space left on device"}
+if hasattr(errno, "EDQUOT"):
+    _NO_SPACE[errno.EDQUOT] = "disk quota exceeded"
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (a full disk, a read-only or failing one).
+
+    Raised by :func:`write_file` (and so by :func:`save`) with the file, the reason, the
+    free space on its filesystem and the fix in one message; ``recurrl train`` prints it as
+    one line and exits with status 2. The previous checkpoint under the same name is left
+    as it was (the new one goes to a temporary file, removed again on failure).
+
+    Attributes:
+        path: the checkpoint that was being written.
+        free: bytes free on the filesystem of ``path`` when the write failed (``None`` when
+            that could not be read).
+    """
+
+    def __init__(self, message: str, *, path: Path, free: int | None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.free = free
 
 
 def seed_everything(seed: int) -> None:
@@ -159,19 +198,68 @@ def write_file(path: Path | str, state: dict[str, Any]) -> Path:
     The file is ``MAGIC``, the SHA-256 digest and the byte length of the payload, then the
     payload (``torch.save`` of the plain state). It is written to a temporary file and
     renamed, so a crash never leaves half a checkpoint under the real name.
+
+    Raises:
+        CheckpointWriteError: the file could not be written (e.g. the disk is full); the
+            temporary file is removed and a previous file under ``path`` is left intact.
     """
     buffer = io.BytesIO()
     torch.save(_to_plain(state), buffer)
     payload = buffer.getvalue()
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(MAGIC + _HEADER.pack(hashlib.sha256(payload).digest(), len(payload)))
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    header = MAGIC + _HEADER.pack(hashlib.sha256(payload).digest(), len(payload))
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header)
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:  # the previous file under `path` is untouched until os.replace
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)  # give back what the partial file took
+        raise _write_failed(path, err, len(header) + len(payload)) from err
     return path
+
+
+def _size(n: int) -> str:
+    """``n`` bytes in decimal units: ``'0 B'``, ``'512 B'``, ``'4.2 MB'``, ``'1.5 GB'``."""
+    if n < 1000:
+        return f"{n} B"
+    value, units = n / 1000, ["kB", "MB", "GB", "TB"]
+    while value >= 1000 and len(units) > 1:
+        value, units = value / 1000, units[1:]
+    return f"{value:.1f} {units[0]}"
+
+
+def _write_failed(path: Path, err: OSError, needed: int) -> CheckpointWriteError:
+    """The error of a failed checkpoint write: what failed, the file, the free space on its
+    filesystem, what survived and the fix."""
+    folder = path.parent
+    try:
+        free: int | None = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    space = "free space unknown" if free is None else f"{_size(free)} free"
+    reason = _NO_SPACE.get(err.errno) or err.strerror or str(err)
+    resume = f"recurrl train --resume {shlex.quote(str(folder))}"
+    if path.is_file():
+        kept = f"The previous checkpoint in {path.name} is intact."
+        then = f"then `{resume}` continues from it"
+    else:
+        kept = "No checkpoint had been saved yet."
+        then = "then start the run again"
+    if err.errno in _NO_SPACE:
+        fix = f"free at least {_size(needed)} there (or move the run directory to a larger disk)"
+    else:
+        fix = f"make {folder} writable (check its permissions and disk)"
+    return CheckpointWriteError(
+        f"cannot write the checkpoint {path}: {reason} ({space} on the filesystem of "
+        f"{folder}; the checkpoint needs {_size(needed)}). {kept} Fix: {fix}, {then}.",
+        path=path,
+        free=free,
+    )
 
 
 def _fail(path: Path, problem: str) -> CheckpointError:
@@ -379,12 +467,18 @@ def restore(state: dict[str, Any], trainer: Any, *, trust: bool = False) -> None
 
 
 def _restore_remote(collector: Any, saved: dict[str, Any], path: Path) -> None:
-    """A Ray collector's state: counters, ids and weights version; its workers' envs start
-    new episodes (their simulators live in the workers and are never stored)."""
+    """A Ray collector's state: counters, ids and weights version, and every worker's
+    envs. Workers of recurrl's batched torch envs saved their simulators and RNG as tensors
+    (``"simulator_tensors"``): their episodes, hidden states and draws go on exactly. Other
+    workers' simulators live in the workers and are never stored: their envs start new
+    episodes (with a warning)."""
+    if all(worker.get("simulator_tensors") is not None for worker in saved["workers"]):
+        collector.load_state_dict(saved)
+        return
     warnings.warn(
         f"resume: the Ray workers' envs start new episodes (simulators are not stored with "
-        f"--collector ray): the run in {path.parent} goes on from its checkpoint but does not "
-        f"replay an uninterrupted one exactly.",
+        f"--collector ray, except recurrl's batched torch envs'): the run in {path.parent} "
+        f"goes on from its checkpoint but does not replay an uninterrupted one exactly.",
         stacklevel=5,
     )
     saved = dict(saved)

@@ -29,11 +29,22 @@ SEED = 7
 
 
 def _run(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``code`` in a new python; a Ray it starts keeps its session files (logs, sockets)
+    in a temporary folder of its own (a short path: socket paths must fit in 107
+    characters), removed afterwards, and cannot see another cluster's address file."""
+    import shutil
+    import tempfile
+
+    ray_tmp = tempfile.mkdtemp(prefix="recurrl-ray-")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True, text=True, timeout=timeout, env=env,
-    )  # fmt: skip
+    env["RAY_TMPDIR"] = ray_tmp
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            capture_output=True, text=True, timeout=timeout, env=env,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def _batches(num: int = 3, envs: int = 3, steps: int = 12) -> list[TensorDictBase]:
@@ -62,6 +73,7 @@ def _pair(make_sampler, storage=None, max_size: int = 80, batch_size: int = 16):
 
 
 # -- import ---------------------------------------------------------------------------
+@pytest.mark.slow  # a subprocess
 def test_importing_recurrl_does_not_import_ray():
     done = _run("""
         import sys
@@ -73,6 +85,7 @@ def test_importing_recurrl_does_not_import_ray():
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr
 
 
+@pytest.mark.slow  # a subprocess
 def test_without_ray_the_import_error_says_what_to_install():
     done = _run("""
         import sys
@@ -394,6 +407,8 @@ def test_a_memmap_storage_gets_its_own_files_in_the_actor(ray_session, tmp_path)
     assert not actor_dirs[0].exists()  # shut down cleanly: its scratch files are removed
 
 
+@pytest.mark.xdist_group("ray")  # starts a Ray of its own: not beside the shared one
+@pytest.mark.slow  # starts Ray in a subprocess
 def test_the_buffer_starts_ray_when_needed_and_its_owner_stops_it():
     done = _run("""
         import ray, torch

@@ -205,6 +205,7 @@ _EXIT_SCRIPT = textwrap.dedent(
 
 
 @linux_only
+@pytest.mark.slow  # subprocesses, waits for their exit
 def test_interpreter_exit_stops_workers_that_ignore_sigterm():
     try:
         done = subprocess.run(
@@ -298,6 +299,7 @@ _ORPHAN_SCRIPT = textwrap.dedent(
 
 
 @linux_only
+@pytest.mark.slow  # subprocesses, waits for their exit
 def test_workers_die_with_a_sigkilled_main_process():
     main = subprocess.Popen(
         [sys.executable, "-c", _ORPHAN_SCRIPT], cwd=ROOT, stdout=subprocess.PIPE, text=True
@@ -350,6 +352,7 @@ def test_a_death_shows_while_another_worker_hangs(fail_after):
     assert not any(p.is_alive() for p in vec.processes)
 
 
+@pytest.mark.slow  # forkserver worker processes
 def test_forkserver_workers(fail_after):
     # The worker function and its arguments are pickled (as with spawn), and the workers'
     # parent is the fork server, so the parent check is skipped. Slow (~7 s): the fork

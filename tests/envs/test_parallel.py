@@ -103,6 +103,7 @@ def test_copying_is_refused_with_the_fix():
     env.close()
 
 
+@pytest.mark.slow  # spawned worker processes
 def test_spawned_workers_get_the_pickled_lambda(fail_after):
     with fail_after(120):  # spawn imports recurrl in each worker (seconds)
         env = ParallelEnv(2, lambda: GymEnv("CartPole-v1"), mp_start_method="spawn")
@@ -254,6 +255,7 @@ env.step(env.rand_action(env.reset()))  # hangs in both workers
 
 
 @linux_only
+@pytest.mark.slow  # subprocesses, waits for their exit
 def test_workers_die_with_a_sigkilled_main_process():
     main = subprocess.Popen(
         [sys.executable, "-c", _ORPHAN_SCRIPT], cwd=ROOT, stdout=subprocess.PIPE, text=True

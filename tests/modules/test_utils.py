@@ -69,6 +69,7 @@ def _fresh(code: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a subprocess
 def test_importing_modules_does_not_import_envs():
     out = _fresh(
         "import sys, recurrl.modules, recurrl.modules.utils; "

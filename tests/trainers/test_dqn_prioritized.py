@@ -143,10 +143,10 @@ def test_batch_weight_norm_keeps_each_samples_largest_weight_at_one(tmp_path):
 
 
 @pytest.mark.parametrize("sampler", ["tape", "slice"])
-def test_uniform_mix_reaches_either_sampler_and_needs_prioritized(sampler):
+def test_uniform_mix_reaches_either_sampler_and_needs_prioritized(sampler, tmp_path):
     burn_in = ["--burn-in", "0"] if sampler == "tape" else []  # a slice-only option
     cfg = parse_train(*TINY, *burn_in, "--sampler", sampler, "--prioritized",
-                      "--priority-uniform-mix", "0.25")  # fmt: skip
+                      "--priority-uniform-mix", "0.25", "--run-dir", str(tmp_path))  # fmt: skip
     assert cfg.dqn.priority_uniform_mix == 0.25
     assert DQNTrainer(cfg).buffer.sampler.uniform_mix == 0.25
     with pytest.raises(ValueError, match=r"prioritized is off.*add --prioritized"):
@@ -229,10 +229,11 @@ def test_prioritized_mixes_half_uniform_unless_told(tmp_path):
     from recurrl.trainers.config import TrainConfig
 
     assert parse_train(*TINY).dqn.priority_uniform_mix == 0.0
-    cfg = parse_train(*TINY, "--prioritized")
+    cfg = parse_train(*TINY, "--prioritized", "--run-dir", str(tmp_path / "mixed"))
     assert cfg.dqn.priority_uniform_mix == 0.5
     assert DQNTrainer(cfg).buffer.sampler.uniform_mix == 0.5
-    alone = parse_train(*TINY, "--prioritized", "--priority-uniform-mix", "0")
+    alone = parse_train(*TINY, "--prioritized", "--priority-uniform-mix", "0",
+                        "--run-dir", str(tmp_path / "alone"))  # fmt: skip
     assert DQNTrainer(alone).buffer.sampler.uniform_mix == 0.0
     old = cfg.to_dict()
     del old["dqn"]["priority_uniform_mix"]

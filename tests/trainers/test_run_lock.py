@@ -28,6 +28,7 @@ def test_a_second_holder_is_refused_until_the_first_releases(tmp_path):
         pass
 
 
+@pytest.mark.slow  # a subprocess killed mid-run
 def test_the_lock_of_a_killed_process_does_not_block(tmp_path):
     holder = textwrap.dedent(f"""
         import sys, time

@@ -263,6 +263,7 @@ def test_gradcheck_lru(ops):
 
 
 @pytest.mark.parametrize("kind", ["mingru", "lru"])
+@pytest.mark.slow  # float64 gradcheck
 def test_gradcheck_through_the_layers(ops, kind):
     net, cfg, x, states, is_init = _problem(kind, layers=2, dtype=torch.float64,
                                             resets="sparse", stored="random", steps=6)  # fmt: skip

@@ -287,6 +287,7 @@ def test_launch_configuration_is_validated_and_scoped():
         ("gru", 1, 64, 8, "none"),  # more groups than 16-unit columns: capped at 4
     ],
 )
+@pytest.mark.slow  # Triton's interpreter, large sizes
 def test_column_groups_match_the_reference(mode, layers, hidden, groups, recompute):
     """Several programs per block of rows, each owning some hidden units (on a GPU they meet
     at a grid barrier every step; the interpreter launches one step at a time instead)."""

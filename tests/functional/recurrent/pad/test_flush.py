@@ -258,6 +258,7 @@ def test_packed_layout_float64_and_projection(mode):
 
 
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
+@pytest.mark.slow  # float64 gradcheck
 def test_packed_layout_gradcheck(mode):
     """Finite differences through the packed grid: inputs, weights, every end state."""
     p = _packed_problem(mode, seed=24, n=3, steps=5, num_layers=2, dtype=torch.float64)
