@@ -5,6 +5,7 @@ its state dict plain data (tensors, dicts, lists, numbers, strings)."""
 from __future__ import annotations
 
 import os
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from recurrl.collectors._ray_wire import Wire, pack
 from recurrl.collectors.collector import Collector
 from recurrl.envs import EnvBase
 
@@ -78,6 +80,24 @@ def from_plain(obj: Any) -> Any:
     return obj
 
 
+def _base_env(env: EnvBase) -> EnvBase:
+    """The env that steps, below its transforms."""
+    while isinstance(getattr(env, "base_env", None), EnvBase):
+        env = env.base_env
+    return env
+
+
+def _no_gpu_hint(err: BaseException) -> str:
+    """Advice for an env that asked for CUDA in a process without a GPU ("" otherwise)."""
+    if "cuda" not in str(err).lower() or torch.cuda.is_available():
+        return ""
+    return (
+        "This remote collector's process sees no GPU: Ray gives an actor GPUs only when its "
+        "options ask for them. Fix: remote_configs={'num_gpus': 1} (on a node with a GPU), "
+        "or build the env on the CPU (device='cpu').\n"
+    )
+
+
 class CollectorWorker:
     """One remote collector (used as a Ray actor class; plain Python otherwise).
 
@@ -93,6 +113,10 @@ class CollectorWorker:
         self.collector: Collector | None = None
         self.version = 0
         self.replay_buffer: Any = None
+        #: wall and CPU (this thread's) seconds spent in ``Collector.rollout`` (policy and
+        #: env steps), and batches collected
+        self.rollout_seconds = self.rollout_cpu_seconds = 0.0
+        self.batches = 0
         try:
             env = create_env_fn()
             if not isinstance(env, EnvBase):
@@ -101,17 +125,23 @@ class CollectorWorker:
                     f"EnvBase. Fix: wrap gymnasium envs with recurrl.envs.GymEnv."
                 )
             self.env = env
-        except Exception:
-            self.error = traceback.format_exc()
+        except Exception as err:
+            self.error = traceback.format_exc() + _no_gpu_hint(err)
 
     def info(self) -> dict[str, Any]:
-        """Env batch size, process and node of this worker, and the env's build error."""
+        """Env batch size, the class and device of the env that steps (the innermost env
+        below the transforms: e.g. ``"CartPoleEnv"`` for recurrl's batched torch CartPole,
+        ``"GymVecEnv"`` for gymnasium's), process and node of this worker, and the env's
+        build error."""
         import ray
 
         batch = None if self.env is None else list(self.env.batch_size)
+        env = None if self.env is None else _base_env(self.env)
         return {
             "batch_size": batch,
             "num_envs": None if batch is None else int(torch.Size(batch).numel()),
+            "env": None if env is None else type(env).__name__,
+            "env_device": None if env is None or env.device is None else str(env.device),
             "pid": os.getpid(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "error": self.error,
@@ -146,28 +176,45 @@ class CollectorWorker:
             self.set_seed(seed)
         return True
 
-    def collect(self, weights: Any, version: int) -> TensorDictBase:
+    def collect(self, weights: Any, version: int) -> Wire | TensorDictBase:
         """One batch ``[N, T]`` (``[1, T]`` for an unbatched env), after loading ``weights``
-        (when not ``None``, as version ``version``); with a replay buffer, write the batch
+        (when not ``None``, as version ``version``), in its wire form
+        (:func:`~recurrl.collectors._ray_wire.pack`); with a replay buffer, write the batch
         there and return only its summary (:func:`summary_keys`)."""
         collector = self.collector
         if weights is not None:
             collector.update_policy_weights_(weights)
             self.version = version
+        start, cpu = time.perf_counter(), time.thread_time()
         data = collector.rollout()
+        self.rollout_seconds += time.perf_counter() - start
+        self.rollout_cpu_seconds += time.thread_time() - cpu
+        self.batches += 1
         if data.batch_dims == 1:
             data = data.unsqueeze(0)
         shape = data.batch_size
         data.set(VERSION_KEY, torch.full(shape, self.version, dtype=torch.int64))
         data.set(WORKER_KEY, torch.full(shape, self.worker_id, dtype=torch.int64))
         if self.replay_buffer is None:
-            return data
+            return pack(data)
         import ray
 
         written = self.replay_buffer.extend(data)
         if isinstance(written, ray.ObjectRef):
             ray.get(written)  # the write is finished before the summary leaves
-        return data.select(*summary_keys(data))
+        return pack(data.select(*summary_keys(data)))
+
+    def timings(self) -> dict[str, float]:
+        """What this worker spent so far: ``rollout_seconds`` and ``rollout_cpu_seconds``
+        (wall and CPU time in ``Collector.rollout``: policy and env steps, without the
+        batch's way to the driver), ``process_cpu_seconds`` (CPU time of the whole process,
+        Ray's serialization of the batches included) and ``batches``."""
+        return {
+            "rollout_seconds": self.rollout_seconds,
+            "rollout_cpu_seconds": self.rollout_cpu_seconds,
+            "process_cpu_seconds": time.process_time(),
+            "batches": self.batches,
+        }
 
     def set_seed(self, seed: int) -> int:
         """Seed the env and torch's global RNG of this process (random actions)."""
@@ -175,11 +222,35 @@ class CollectorWorker:
         return self.collector.set_seed(seed)
 
     def state(self) -> dict[str, Any]:
-        """The collector's state dict (plain data) and the weights version it holds."""
-        return {"collector": to_plain(self.collector.state_dict()), "version": self.version}
+        """The collector's state dict (plain data) and the weights version it holds; for an
+        env that holds its whole state in tensors (recurrl's batched torch envs,
+        ``simulator_tensors()``), also that state (``"simulator_tensors"``) and this
+        process's torch RNG state (``"rng"``: the random actions), with which
+        :meth:`load_state` goes on with the same episodes and the same draws."""
+        out = {"collector": to_plain(self.collector.state_dict()), "version": self.version}
+        save = getattr(_base_env(self.collector.env), "simulator_tensors", None)
+        if callable(save):
+            out["simulator_tensors"] = save()
+            out["rng"] = torch.get_rng_state()
+        return out
 
     def load_state(self, state: dict[str, Any]) -> bool:
-        self.collector.load_state_dict(from_plain(state["collector"]))
+        """Restore :meth:`state`. The carried root (hidden states, trajectories in
+        progress) comes back with the env's own state: its ``"simulator_tensors"`` when
+        given (and then the RNG), else as ``Collector.load_state_dict`` decides."""
+        saved = from_plain(state["collector"])
+        tensors = state.get("simulator_tensors")
+        base = _base_env(self.collector.env)
+        restored = (
+            tensors is not None
+            and saved.get("root") is not None
+            and callable(getattr(base, "load_simulator_tensors", None))
+        )
+        if restored:
+            base.load_simulator_tensors(tensors)
+            if state.get("rng") is not None:
+                torch.set_rng_state(state["rng"])
+        self.collector.load_state_dict(saved, env_restored=restored)
         self.version = int(state["version"])
         return True
 

@@ -13,7 +13,6 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import torch
 from tensordict import TensorDictBase
 from torch import nn
 
@@ -35,6 +34,7 @@ from recurrl.collectors._ray_driver import (
     _Resources,
     _Worker,
 )
+from recurrl.collectors._ray_wire import as_tensordict, unpack
 from recurrl.collectors._ray_worker import CollectorWorker, from_plain, to_plain
 from recurrl.envs import EnvBase
 
@@ -265,6 +265,9 @@ class RayCollector:
         self._next_slot = num_collectors
         self._seq = itertools.count()
         self._hold_prefetch = False
+        # update_after_each_batch: a batch was yielded and the push of the weights learned
+        # from it is still to come (when the consumer asks for the next batch)
+        self._push_owed = False
         self._share = frames_per_batch // num_collectors if self.sync else frames_per_batch
         self._workers = [_Worker(index=i, slot=i) for i in range(num_collectors)]
         # --- Ray, then the actors ---
@@ -370,6 +373,13 @@ class RayCollector:
     def _check_env_sizes(self, workers: list[_Worker]) -> None:
         for w in workers:
             n, batch = w.info["num_envs"], w.info["batch_size"]
+            if len(batch) > 1:
+                raise ValueError(
+                    f"RayCollector: remote collector {w.index} built an env of batch_size "
+                    f"{batch} ({w.info['env']}); a Collector steps an env of batch_size [] or "
+                    f"[N] (one row of the batch per env). Fix: a batched env with one batch "
+                    f"dim, e.g. CartPoleEnv({n}) instead of {batch}."
+                )
             if self._share % n:
                 what = "frames_per_batch / num_collectors" if self.sync else "frames_per_batch"
                 lo = max(1, self._share // n) * n
@@ -401,6 +411,7 @@ class RayCollector:
         Batches already requested (prefetched) keep the weights they started with.
         """
         self._check_open()
+        self._push_owed = False
         if weights is None:
             if not isinstance(self.policy, nn.Module):
                 if self.policy is None:
@@ -420,7 +431,10 @@ class RayCollector:
 
     @property
     def worker_info(self) -> list[dict[str, Any]]:
-        """Per remote collector: slot, pid, node id and env batch size of its actor."""
+        """Per remote collector: ``slot``, ``pid``, ``node_id``, the env's ``batch_size`` and
+        ``num_envs``, and ``env`` / ``env_device``: the class name and device of the env that
+        steps below its transforms (e.g. ``"CartPoleEnv"``, ``"cpu"`` for recurrl's batched
+        torch CartPole; ``"GymVecEnv"`` for gymnasium's)."""
         return [
             {"slot": w.slot, **{k: v for k, v in w.info.items() if k != "error"}}
             for w in self._workers
@@ -556,6 +570,8 @@ class RayCollector:
 
     def _iterate(self) -> Iterator[TensorDictBase]:
         try:
+            if self._push_owed:  # e.g. after load_state_dict of a state saved between batches
+                self.update_policy_weights_()
             yield from (self._iterate_sync() if self.sync else self._iterate_async())
         except (Exception, KeyboardInterrupt):
             self.shutdown()
@@ -577,15 +593,16 @@ class RayCollector:
                 self._wait_some(missing)
             batches = [w.queue.popleft()[1] for w in workers]
             try:
-                data = torch.cat(batches, dim=0) if len(batches) > 1 else batches[0]
-            except (RuntimeError, KeyError) as err:
+                data = unpack(batches)  # one copy of each entry, out of the object store
+            except ValueError as err:
                 raise RuntimeError(
-                    "RayCollector: the batches of the remote collectors hold different keys or "
-                    "shapes and cannot be concatenated (sync=True). Fix: envs and policies "
-                    "giving the same keys in every remote collector, or sync=False."
+                    f"RayCollector: the batches of the remote collectors cannot be "
+                    f"concatenated (sync=True): {err}. Fix: envs and policies giving the same "
+                    f"keys, dtypes and shapes in every remote collector, or sync=False."
                 ) from err
             self._yielded += 1
             self.frames += self.frames_per_batch
+            self._push_owed = self.update_after_each_batch and not self._done()
             yield data
             if self.update_after_each_batch and not self._done():
                 self.update_policy_weights_()
@@ -602,9 +619,10 @@ class RayCollector:
                 self._wait_some([w for w in workers if w.pending is not None])
                 continue
             w = min(queued, key=lambda x: x.queue[0][0])  # first come, first served
-            data = w.queue.popleft()[1]
+            data = as_tensordict(w.queue.popleft()[1])
             self._yielded += 1
             self.frames += self.frames_per_batch
+            self._push_owed = self.update_after_each_batch and not self._done()
             yield data
             if self.update_after_each_batch and not self._done():
                 self.update_policy_weights_()
@@ -648,8 +666,10 @@ class RayCollector:
         slots and trajectory-id stride, the seed, every remote collector's
         ``Collector.state_dict()`` with its weights version, and the batches already
         collected but not yet yielded (batches in flight are waited for first), so nothing
-        is lost. Only tensors and plain Python data: ``torch.load(..., weights_only=True)``
-        reads it back.
+        is lost. Where a remote collector's env holds its whole state in tensors (recurrl's
+        batched torch envs), its entry also holds that state (``"simulator_tensors"``) and
+        its process's torch RNG state (``"rng"``). Only tensors and plain Python data:
+        ``torch.load(..., weights_only=True)`` reads it back.
         """
         self._check_open()
         self._hold_prefetch = True
@@ -669,6 +689,7 @@ class RayCollector:
             "frames": self.frames,
             "batches_yielded": self._yielded,
             "policy_version": self._version,
+            "push_owed": self._push_owed,
             "weights": weights,
             "stride": self._stride,
             "next_slot": self._next_slot,
@@ -681,7 +702,8 @@ class RayCollector:
                     "since_update": w.since_update,
                     "requested": w.requested,
                     "collector": state["collector"],
-                    "batches": [[seq, to_plain(td)] for seq, td in w.queue],
+                    **{k: state[k] for k in ("simulator_tensors", "rng") if k in state},
+                    "batches": [[seq, to_plain(as_tensordict(td))] for seq, td in w.queue],
                 }
                 for w, state in zip(self._workers, states, strict=True)
             ],
@@ -693,10 +715,16 @@ class RayCollector:
         The saved collectors' trajectory-id layout, id counters, weights versions and
         not-yet-yielded batches are restored (those batches are yielded first). Each
         remote ``Collector`` is restored with ``Collector.load_state_dict``: the carried
-        root (and thus the trajectories in progress) only comes back when the env's state
-        lives in its ``state_dict()``; otherwise the envs start new episodes, with ids that
-        go on from the saved counters. The local ``policy`` is not touched (restore it
-        yourself); the saved weights are sent to the remote collectors.
+        root (hidden states and the trajectories in progress) comes back with the env's
+        state: its saved ``"simulator_tensors"`` (recurrl's batched torch envs, restored
+        with the process's RNG state: the episodes and random draws go on exactly) or the
+        env's ``state_dict()``; otherwise the envs start new episodes, with ids that go on
+        from the saved counters. The local ``policy`` is not touched (restore it yourself);
+        the saved weights are sent to the remote collectors. With
+        ``update_after_each_batch``, a state saved between a yielded batch and the request
+        of the next one still owes the push of the weights learned from that batch: the
+        next iteration pushes the local policy's weights first (restore the policy before
+        iterating), so the next batch is collected with them, as without the interruption.
         """
         self._check_open()
         for key in ("num_collectors", "frames_per_batch", "sync"):
@@ -717,6 +745,7 @@ class RayCollector:
         self.frames = int(state_dict["frames"])
         self._yielded = int(state_dict["batches_yielded"])
         self._version = int(state_dict["policy_version"])
+        self._push_owed = bool(state_dict.get("push_owed", False))
         weights = state_dict.get("weights")
         self._weights_ref = None if weights is None else ray.put(from_plain(weights))
         self._stride = int(state_dict["stride"])

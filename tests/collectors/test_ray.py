@@ -147,6 +147,7 @@ def dead(handle, within: float = 30.0) -> bool:
 
 
 # --- import --------------------------------------------------------------------------------
+@pytest.mark.slow  # a subprocess
 def test_import_recurrl_does_not_import_ray():
     code = (
         "import sys, recurrl, recurrl.collectors, recurrl.collectors.collector\n"
@@ -158,6 +159,7 @@ def test_import_recurrl_does_not_import_ray():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
+@pytest.mark.slow  # a subprocess
 def test_without_ray_the_access_names_the_extra():
     code = (
         "import sys\n"
@@ -417,6 +419,26 @@ def test_state_dict_round_trip_through_weights_only_load(ray_session, tmp_path):
             torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
 
 
+def test_a_state_saved_between_batches_pushes_the_owed_weights_first(ray_session):
+    """update_after_each_batch: a state saved after a batch was yielded, before the next one
+    was asked for, still owes the push of the weights learned from it; after loading, the
+    next batch is collected with them, as it would have been without the interruption."""
+    _, policy = make_policy(bias=(1.0, 0.0))  # action 0
+    kwargs = dict(frames_per_batch=16, total_frames=48, num_collectors=2, sync=True,
+                  update_after_each_batch=True)  # fmt: skip
+    with RayCollector(make_env, policy, **kwargs) as collector:
+        first = next(iter(collector))
+        state = collector.state_dict()
+    assert state["push_owed"] and (first["action"] == 0).all()
+    with torch.no_grad():  # what the learner learned from `first`: action 1
+        policy[1].module.bias.copy_(torch.tensor([0.0, 1.0]))
+    with RayCollector(make_env, policy, **kwargs) as collector:
+        collector.load_state_dict(state)
+        second = next(iter(collector))
+    assert (second["collector", "policy_version"] == 1).all()
+    assert (second["action"] == 1).all()
+
+
 def test_load_state_dict_of_another_shape_raises(ray_session):
     with RayCollector(make_env, frames_per_batch=8, total_frames=8, num_collectors=1) as one:
         state = one.state_dict()
@@ -639,17 +661,36 @@ def test_replay_buffer_mode_with_ray_replay_buffer(ray_session):
 
 # --- Ray ownership and nodes (own processes: the test session holds Ray) --------------------------
 def run_script(code: str, timeout: float) -> str:
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
-    )
+    """Run ``code`` in a new python with a Ray temporary folder of its own.
+
+    Ray records the address of the last cluster started by ``ray start`` or by
+    ``ray.cluster_utils.Cluster`` in ``<temp>/ray/ray_current_cluster``, and a
+    ``ray.init()`` without an address joins it: a folder of its own keeps the script from
+    joining, or advertising, any other cluster on the machine (another test worker's, a
+    stale one). A short path: Ray's socket paths must fit in 107 characters.
+    """
+    import shutil
+    import tempfile
+
+    ray_tmp = tempfile.mkdtemp(prefix="recurrl-ray-")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_TMPDIR"] = ray_tmp
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 
 
+@pytest.mark.xdist_group("ray")  # with the other Ray tests: one Ray at a time on 2 cores
+@pytest.mark.slow  # starts Ray twice in a subprocess
 def test_ray_started_by_the_collector_is_shut_down_and_other_ray_left_running():
     out = run_script(
         """
@@ -663,7 +704,7 @@ def test_ray_started_by_the_collector_is_shut_down_and_other_ray_left_running():
         assert len(list(c)) == 2
         c.shutdown()
         assert not ray.is_initialized(), "Ray started by the collector still running"
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
         with RayCollector(make, frames_per_batch=4, total_frames=8, num_collectors=1) as c:
             assert len(list(c)) == 2
         assert ray.is_initialized(), "a Ray the collector did not start was shut down"
@@ -675,6 +716,8 @@ def test_ray_started_by_the_collector_is_shut_down_and_other_ray_left_running():
     assert out.strip().endswith("ok")
 
 
+@pytest.mark.xdist_group("ray")
+@pytest.mark.slow  # a three-node Ray cluster in a subprocess
 def test_multi_node_cluster_pins_one_collector_per_node():
     out = run_script(
         """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 
@@ -20,7 +21,7 @@ from recurrl.trainers.logger import read_metrics
 from recurrl.trainers.models import make_env
 from recurrl.trainers.ppo import PPOTrainer
 
-from ._helpers import parse_train, run_cli
+from ._helpers import metric_numbers, parse_train, run_cli
 from .test_dqn import TINY as DQN_TINY
 
 PPO_TINY = [
@@ -29,6 +30,13 @@ PPO_TINY = [
     "--eval-episodes", "2",
 ]  # fmt: skip
 RAY = ["--collector", "ray", "--workers", "2"]
+# the fast recipe's shape on Ray workers stepping batched envs, small: 2 workers x 8 envs x
+# 8 steps (128-frame batches), one epoch of 16 minibatches (one env row each)
+BATCHED = [
+    *RAY, "--envs-per-worker", "8", "--epochs", "1", "--num-minibatches", "16",
+    "--steps-per-env", "8", "--hidden-size", "8", "--frames", "256", "--quiet", "--no-plot",
+    "--no-tensorboard", "--eval-episodes", "2",
+]  # fmt: skip
 
 
 def test_ray_init_config_starts_a_local_ray_or_joins_an_address():
@@ -75,6 +83,30 @@ def test_epsilon_travels_in_the_policy_state_dict():
     assert other.epsilon == 0.125
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--envs-per-worker", "8"], "--envs-per-worker only applies with --collector ray"),
+        ([*RAY, "--envs-per-worker", "8", "--num-envs", "12"], "8 = 16 envs, but num_envs=12"),
+        ([*RAY, "--num-envs", "7"], "num_envs=7 does not split over workers=2"),
+        ([*RAY, "--engine", "torch", "--env", "Acrobot-v1"], "has none (those that do: ["),
+        ([*RAY, "--envs-per-worker", "8", "--frames-per-batch", "100"], "not a multiple of"),
+    ],
+)
+def test_bad_ray_and_engine_combinations_are_one_line_errors(tmp_path, capsys, argv, message):
+    assert main(["train", *argv, "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and "Fix:" in err[0]
+    assert not (tmp_path / "run").exists()
+
+
+def _stepping_env(env) -> str:
+    """Class name of the env below the transforms (the engine's)."""
+    while hasattr(env, "base_env"):
+        env = env.base_env
+    return type(env).__name__
+
+
 # ---------------------------------------------------------------------- with Ray
 def test_ppo_with_ray_workers_collects_on_policy(ray_session, tmp_path):
     cfg = parse_train(*PPO_TINY, *RAY, "--frames", "384", "--run-dir", str(tmp_path / "run"))
@@ -99,7 +131,8 @@ def test_ppo_with_ray_workers_collects_on_policy(ray_session, tmp_path):
 
 def test_ppo_trains_resumes_and_evaluates_with_ray_workers(ray_session, tmp_path, capsys):
     run_dir = tmp_path / "run"
-    lines = run_cli(capsys, "train", *PPO_TINY, *RAY, "--run-dir", str(run_dir))
+    gym = ["--engine", "gymnasium"]  # simulators that live in the workers only
+    lines = run_cli(capsys, "train", *PPO_TINY, *RAY, *gym, "--run-dir", str(run_dir))
     assert lines[-1] == str(run_dir)
     assert any(line.startswith("greedy evaluation: mean_return:") for line in lines)
     assert [int(r["frames"]) for r in read_metrics(run_dir)] == [128, 256]
@@ -113,6 +146,66 @@ def test_ppo_trains_resumes_and_evaluates_with_ray_workers(ray_session, tmp_path
     assert [int(r["frames"]) for r in read_metrics(run_dir)] == [128, 256, 384]
     assert ckpt.load(run_dir)["frames"] == 384
     assert run_cli(capsys, "eval", str(run_dir), "--episodes", "2")[-1].startswith("mean_return:")
+
+
+@pytest.mark.parametrize(
+    ("engine", "expected"), [("auto", "CartPoleEnv"), ("gymnasium", "GymVecEnv")]
+)
+def test_ray_workers_step_the_engine_of_the_local_path(ray_session, tmp_path, engine, expected):
+    """``--engine`` reaches the workers: each builds the env the local path would build
+    (auto: recurrl's batched torch CartPole), and carries ids, ``is_init`` and hidden
+    states across partial resets and batches as the local collector does."""
+    cfg = parse_train(*BATCHED, "--engine", engine, "--run-dir", str(tmp_path / "run"))
+    local = make_env(cfg.env, num_envs=cfg.env.worker_envs())
+    assert _stepping_env(local) == expected
+    local.close()
+    trainer = PPOTrainer(cfg)
+    try:
+        info = [(w["env"], w["num_envs"], w["env_device"]) for w in trainer.collector.worker_info]
+        assert info == [(expected, 8, "cpu")] * 2
+        if engine != "auto":
+            return
+        first = next_batch(trainer)
+        trainer.update(first.clone())  # the update writes its own keys into the batch
+        second = next_batch(trainer)
+    finally:
+        trainer.collector.shutdown()
+    batch = torch.cat([first, second], dim=1)  # [16 envs, 16 steps]
+    assert first.shape == (16, 8) and batch["collector", "policy_version"][:, 8:].eq(1).all()
+    is_init = batch["is_init"].squeeze(-1)
+    assert is_init[:, 0].all()
+    ids = batch["collector", "traj_ids"]
+    assert torch.equal(ids[:, 1:] != ids[:, :-1], is_init[:, 1:])  # a new id at each is_init
+    assert (ids % 2 == torch.arange(2).repeat_interleave(8)[:, None]).all()  # ids per worker
+    roots = first.keys(include_nested=False)  # iterating a TensorDict walks its rows
+    states = [k for k in roots if k.endswith(("_h", "_c")) and ("next", k) in first.keys(True)]
+    assert len(states) == 4  # actor and critic LSTM states
+    for key in states:
+        assert not batch[key][is_init].any()  # zeros at every start
+        go_on = ~is_init[:, 8]  # carried from the first batch to the second
+        assert torch.equal(second[key][:, 0][go_on], first["next", key][:, -1][go_on])
+
+
+def test_the_fast_recipe_trains_on_ray_workers_and_resumes_exactly(ray_session, tmp_path, capsys):
+    """``recurrl train --collector ray --workers 2 --envs-per-worker K --epochs 1
+    --num-minibatches 16``, small: trains and evaluates; each worker's torch envs are
+    checkpointed as tensors with its RNG, so a resumed run goes on with the same episodes
+    and replays the uninterrupted one number for number."""
+    argv = [*BATCHED, "--frames", "384", "--checkpoint-every", "128"]
+    lines = run_cli(capsys, "train", *argv, "--run-dir", str(tmp_path / "full"))
+    assert any(line.startswith("greedy evaluation: mean_return:") for line in lines)
+    assert [int(r["frames"]) for r in read_metrics(tmp_path / "full")] == [128, 256, 384]
+    cut = tmp_path / "cut"
+    cfg = parse_train(*argv, "--run-dir", str(cut))
+    cut.mkdir()
+    (cut / "config.json").write_text(json.dumps(cfg.to_dict()))
+    PPOTrainer(cfg).train(stop_after=256)
+    workers = ckpt.load(cut)["collector"]["workers"]
+    assert all({"simulator_tensors", "rng"} <= set(w) for w in workers)
+    assert all(w["collector"]["root"] is not None for w in workers)
+    run_cli(capsys, "train", "--resume", str(cut))
+    assert "new episodes" not in capsys.readouterr().err
+    assert metric_numbers(cut) == metric_numbers(tmp_path / "full")
 
 
 def test_a_ray_checkpoint_does_not_resume_with_the_local_collector(ray_session, tmp_path, capsys):
