@@ -18,12 +18,20 @@ Recipes (``--recipes``): ``default`` (no options: 20 envs, 1000-frame batches, 8
 minibatches) and the large-batch ones of :data:`RECIPES`: ``large`` (256 envs, 12,800-frame
 batches, 4 epochs of 4 minibatches), ``wide`` (1024 envs, 51,200-frame batches, 2 epochs of 16
 minibatches), ``fast`` (the same with 1 epoch) and ``gpu`` (8192 envs, LSTM H=128, 2 epochs of
-8 minibatches: the shape of the GPU target, asked for by name). Engines (``--engines``):
-``gymnasium`` (a ``SyncVectorEnv``, one Python call per env) and ``torch`` (recurrl's
-batched torch implementation of the task, one tensor op per step for all envs).
+8 minibatches: the shape of the GPU target, asked for by name). They train on CartPole-masked,
+or on the env of ``--env``. Two recipes name their own env, MiniGrid-MemoryS7 (asked for by
+name; the ``minigrid`` extra): ``minigrid-default`` (no other option: the CNN encoder, 20 envs,
+8 epochs of 5 minibatches) and ``minigrid-fast`` (the flat encoder, a GRU, rewards unscaled,
+512 envs, 2 epochs of 8 minibatches). Engines (``--engines``): ``gymnasium`` (a
+``SyncVectorEnv``, one Python call per env) and ``torch`` (recurrl's batched torch
+implementation of the task, one tensor op per step for all envs); an engine the env has no
+implementation for is skipped, with a line.
 
 Run: ``python benchmarks/throughput.py [--recipes default large] [--engines gymnasium torch]
-[--threads 1 2] [--devices cpu cuda] [--batches N]``
+[--threads 1 2] [--devices cpu cuda] [--batches N] [--env ENV]``. MiniGrid's gymnasium path
+(``minigrid-default`` on ``gymnasium``: what ``recurrl train --env
+minigrid:MiniGrid-MemoryS7-v0`` ran before MiniGrid's Memory tasks had a torch env) against
+the fast recipe: ``--recipes minigrid-default minigrid-fast --engines gymnasium torch``.
 """
 
 from __future__ import annotations
@@ -46,8 +54,10 @@ from recurrl.functional.recurrent import recurrent_unroll
 from recurrl.modules import RecurrentModule
 from recurrl.trainers import cli
 from recurrl.trainers.collection import next_batch
+from recurrl.trainers.errors import UsageError
 from recurrl.trainers.ppo import _loss_terms, minibatches
 
+MEMORY_S7 = "minigrid:MiniGrid-MemoryS7-v0"
 #: name -> ``recurrl train`` options (PPO, CartPole-masked, LSTM H=64 unless given)
 RECIPES: dict[str, list[str]] = {
     "default": [],
@@ -57,13 +67,25 @@ RECIPES: dict[str, list[str]] = {
     # the GPU target's shape (LSTM H=128, thousands of envs on the device); not a CPU default
     "gpu": ["--num-envs", "8192", "--hidden-size", "128", "--epochs", "2",
             "--num-minibatches", "8"],
+    # MiniGrid's 7x7x3 symbolic view: what `recurrl train --env ...` runs without options,
+    # and the fast recipe of docs/guides/fast_recipes.md
+    "minigrid-default": ["--env", MEMORY_S7],
+    "minigrid-fast": f"--env {MEMORY_S7} --image-encoder flat --memory gru --reward-scale 1 "
+    "--num-envs 512 --epochs 2 --num-minibatches 8".split(),
 }
+#: recipes run only when asked for by name
+BY_NAME = ("gpu", "minigrid-default", "minigrid-fast")
 
 
-def build(recipe: list[str], engine: str, device: str, threads: int, tmp: str) -> Any:
+def build(
+    recipe: list[str], engine: str, device: str, threads: int, tmp: str, env: str | None = None
+) -> Any:
+    """The trainer ``recurrl train`` builds for ``recipe`` (on ``env`` when given)."""
     argv = ["train", "--device", device, "--run-dir", tmp, "--quiet", "--num-threads",
             str(threads), "--engine", engine, "--no-tensorboard", "--no-plot",
             "--frames", "100000000", *recipe]  # fmt: skip  (frames: room for every timed batch)
+    if env is not None:
+        argv += ["--env", env]  # after the recipe's own: the last one counts
     args = cli.build_parser().parse_args(argv)
     cfg = cli.config_from_args(args)
     return cli._trainer(cfg)(cfg)
@@ -160,46 +182,69 @@ def learner_overhead(trainer: Any, rounds: int) -> dict[str, float]:
             "bare ms": times["bare"] * 1e3, "ratio": times["step"] / times["bare"]}  # fmt: skip
 
 
+def measure(
+    recipe: list[str], engine: str, device: str, threads: int, args: argparse.Namespace
+) -> dict[str, Any] | None:
+    """Median figures of ``args.repeats`` fresh trainers (each warmed up by one batch), and
+    every run's end-to-end frames/s under ``"runs"``; ``None`` where the recipe's env has no
+    implementation on ``engine``."""
+    rows = []
+    for _ in range(args.repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                trainer = build(recipe, engine, device, threads, tmp, args.env)
+            except UsageError as err:
+                if "engine=" not in str(err):
+                    raise
+                return None  # e.g. --engine torch for an id without a torch env
+            try:
+                row = end_to_end(trainer, args.batches)
+                row.update(learner_overhead(trainer, args.rounds))
+            finally:
+                trainer.collector.shutdown()
+        rows.append(row)
+    med: dict[str, Any] = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    med["runs"] = "/".join(f"{r['frames/s']:.0f}" for r in rows)
+    return med
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipes", nargs="+", default=["default", "large", "wide", "fast"],
-                        choices=sorted(RECIPES))  # fmt: skip
+    parser.add_argument("--recipes", nargs="+", choices=sorted(RECIPES),
+                        default=[r for r in RECIPES if r not in BY_NAME])  # fmt: skip
     parser.add_argument("--engines", nargs="+", default=["gymnasium", "torch"])
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--devices", nargs="+", default=["cpu", "cuda"])
     parser.add_argument("--batches", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5, help="rounds of the overhead timing")
     parser.add_argument("--repeats", type=int, default=1, help="median of this many runs")
+    parser.add_argument("--env", default=None,
+                        help="train every recipe on this env (default: CartPole-masked, or the "
+                             "recipe's own)")  # fmt: skip
     args = parser.parse_args()
     devices = [d for d in args.devices if not d.startswith("cuda") or torch.cuda.is_available()]
     where = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
-    print(f"torch {torch.__version__}, {where}; PPO LSTM (H=64 unless given) on CartPole-masked")
-    head = (
-        f"{'recipe':8} {'engine':9} {'device':6} {'thr':>3} {'frames/s':>9} {'collect':>9} "
-        f"{'learn':>9} {'mb frames':>9} {'step ms':>8} {'bare ms':>8} {'ratio':>5}"
+    env = args.env or "CartPole-masked (or the recipe's env)"
+    print(f"torch {torch.__version__}, {where}; PPO LSTM (H=64 unless given) on {env}")
+    print(
+        f"{'recipe':16} {'engine':9} {'device':6} {'thr':>3} {'frames/s':>9} {'collect':>9} "
+        f"{'learn':>9} {'mb frames':>9} {'step ms':>8} {'bare ms':>8} {'ratio':>5}  runs"
     )
-    print(head)
     for threads in args.threads:
         for device in devices:
             for name in args.recipes:
                 for engine in args.engines:
                     if engine == "gymnasium" and device != "cpu":
                         continue  # gymnasium steps on the CPU: the cpu row is the comparison
-                    rows = []
-                    for _ in range(args.repeats):
-                        with tempfile.TemporaryDirectory() as tmp:
-                            trainer = build(RECIPES[name], engine, device, threads, tmp)
-                            try:
-                                row = end_to_end(trainer, args.batches)
-                                row.update(learner_overhead(trainer, args.rounds))
-                            finally:
-                                trainer.collector.shutdown()
-                        rows.append(row)
-                    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+                    med = measure(RECIPES[name], engine, device, threads, args)
+                    if med is None:
+                        print(f"{name:16} {engine:9} (no {engine} implementation of the env)")
+                        continue
                     print(
-                        f"{name:8} {engine:9} {device:6} {threads:3d} {med['frames/s']:9.0f} "
+                        f"{name:16} {engine:9} {device:6} {threads:3d} {med['frames/s']:9.0f} "
                         f"{med['collect']:9.0f} {med['learn']:9.0f} {med['mb frames']:9.0f} "
-                        f"{med['step ms']:8.2f} {med['bare ms']:8.2f} {med['ratio']:5.2f}",
+                        f"{med['step ms']:8.2f} {med['bare ms']:8.2f} {med['ratio']:5.2f}  "
+                        f"{med['runs']}",
                         flush=True,
                     )
 

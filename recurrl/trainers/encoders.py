@@ -16,8 +16,10 @@ Entries of other spaces (``Text``, ``Graph``, ``Sequence``, ...) are dropped wit
 warning naming them. Flat envs (a rank-1 float ``Box``, a ``Discrete`` or ``MultiDiscrete``)
 do not go through here: :func:`make_env` keeps them as they were.
 
-The model side: :class:`ImageEncoder` (a small CNN) turns ``"pixels"`` into features that
-:func:`add_image_encoder` concatenates with the vector before the recurrent trunk.
+The model side: an image encoder of :data:`IMAGE_ENCODERS` (:class:`ImageEncoder`, a small
+CNN, or :class:`FlatImageEncoder`, one linear layer over the entries, for small symbolic
+grids such as MiniGrid's) turns ``"pixels"`` into features that :func:`add_image_encoder`
+concatenates with the vector before the recurrent trunk.
 """
 
 from __future__ import annotations
@@ -36,13 +38,16 @@ from tensordict.nn import TensorDictModule as Mod
 from torch import nn
 
 __all__ = [
+    "IMAGE_ENCODERS",
     "OBS_KEY",
     "PIXELS_KEY",
+    "FlatImageEncoder",
     "ImageEncoder",
     "InputEncoder",
     "NetworkInputs",
     "ObsInputs",
     "add_image_encoder",
+    "image_encoder",
     "inputs_vector_env",
     "needs_network_inputs",
     "observation_inputs",
@@ -336,9 +341,75 @@ class ImageEncoder(nn.Module):
         return self.head(self.convs(x)).reshape(*batch, self.out_features)
 
 
+class FlatImageEncoder(nn.Module):
+    """``uint8 [*B, H, W, C] -> float [*B, out_features]``: every entry as a number, one
+    linear layer and a ReLU.
+
+    Made for small symbolic grids, where an entry is an index (MiniGrid's 7x7 view holds an
+    object, a colour and a state index per cell, all < 11): the entries are read as they
+    are, unscaled, so that two objects whose indices differ by one move a feature by a
+    weight, not by a weight / 255. A fraction of the CNN's cost (one ``[H*W*C, E]`` matmul
+    per frame instead of three convolutions over every cell); camera images want
+    :class:`ImageEncoder`. Orthogonal weights with the ReLU gain, zero biases (as the CNN).
+
+    Examples:
+        >>> enc = FlatImageEncoder((7, 7, 3), 32)
+        >>> enc(torch.zeros(4, 7, 7, 3, dtype=torch.uint8)).shape
+        torch.Size([4, 32])
+        >>> enc(torch.zeros(2, 5, 7, 7, 3, dtype=torch.uint8)).shape
+        torch.Size([2, 5, 32])
+    """
+
+    def __init__(self, shape: Sequence[int], out_features: int) -> None:
+        super().__init__()
+        if len(shape) != 3 or min(shape) < 1:
+            raise ValueError(
+                f"FlatImageEncoder: expected shape (H, W, C), received {tuple(shape)}."
+            )
+        self.shape = tuple(int(s) for s in shape)
+        self.out_features = out_features
+        self.linear = nn.Linear(int(np.prod(self.shape)), out_features)
+        nn.init.orthogonal_(self.linear.weight, nn.init.calculate_gain("relu"))
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        if tuple(pixels.shape[-3:]) != self.shape:
+            raise ValueError(
+                f"FlatImageEncoder: expected images [*B, {', '.join(map(str, self.shape))}] "
+                f"(H, W, C), received {list(pixels.shape)}."
+            )
+        x = pixels.reshape(*pixels.shape[:-3], -1).to(self.linear.weight.dtype)
+        return torch.relu(self.linear(x))
+
+
+#: ``ModelConfig.image_encoder`` -> the module that turns ``"pixels"`` into features, built as
+#: ``cls(shape, out_features)``: the one list of the image encoders' names
+IMAGE_ENCODERS: dict[str, type[nn.Module]] = {"cnn": ImageEncoder, "flat": FlatImageEncoder}
+
+
+def image_encoder(kind: str, shape: Sequence[int], out_features: int) -> nn.Module:
+    """The image encoder :data:`IMAGE_ENCODERS` names ``kind``, for ``shape`` ``(H, W, C)``.
+
+    Examples:
+        >>> type(image_encoder("flat", (7, 7, 3), 8)).__name__
+        'FlatImageEncoder'
+        >>> image_encoder("vit", (7, 7, 3), 8)
+        Traceback (most recent call last):
+        ...
+        ValueError: image_encoder: expected one of ['cnn', 'flat'], received 'vit'...
+    """
+    if kind not in IMAGE_ENCODERS:
+        raise ValueError(
+            f"image_encoder: expected one of {list(IMAGE_ENCODERS)}, received {kind!r}. Fix: "
+            f"--image-encoder cnn (the default) or another of those names."
+        )
+    return IMAGE_ENCODERS[kind](shape, out_features)
+
+
 class InputEncoder(nn.Module):
     """``(vector [*B, F], pixels [*B, H, W, C]) -> [*B, F + E]``: the vector, then the
-    :class:`ImageEncoder` features (``E = out_features``).
+    image features (``E = out_features``) of the ``kind`` of :data:`IMAGE_ENCODERS`
+    (default: :class:`ImageEncoder`).
 
     Examples:
         >>> enc = InputEncoder((7, 7, 3), 16)
@@ -346,9 +417,9 @@ class InputEncoder(nn.Module):
         torch.Size([3, 20])
     """
 
-    def __init__(self, shape: Sequence[int], out_features: int) -> None:
+    def __init__(self, shape: Sequence[int], out_features: int, kind: str = "cnn") -> None:
         super().__init__()
-        self.image = ImageEncoder(shape, out_features)
+        self.image = image_encoder(kind, shape, out_features)
 
     def forward(self, vector: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor:
         return torch.cat([vector, self.image(pixels).to(vector.dtype)], dim=-1)
@@ -360,6 +431,7 @@ def add_image_encoder(
     vector_key: str,
     out_key: str,
     features: int,
+    kind: str = "cnn",
 ) -> tuple[list[nn.Module], str, int]:
     """Append the image encoder to the modules ``pre`` that run before a trunk.
 
@@ -368,7 +440,8 @@ def add_image_encoder(
         inputs: the env's :class:`ObsInputs`.
         vector_key: where the (scaled) vector is.
         out_key: where to write the trunk input when there is an image.
-        features: ``E``, image features of the CNN.
+        features: ``E``, image features of the encoder.
+        kind: the image encoder, a name of :data:`IMAGE_ENCODERS` (``"cnn"``, ``"flat"``).
 
     Returns:
         ``(modules, key, size)``: what runs before the trunk, the key the trunk reads and
@@ -387,7 +460,8 @@ def add_image_encoder(
             raise ValueError("add_image_encoder: the inputs have neither a vector nor an image.")
         return pre, vector_key, inputs.vector
     if inputs.vector:
-        module = Mod(InputEncoder(inputs.image, features), [vector_key, PIXELS_KEY], [out_key])
+        encoder = InputEncoder(inputs.image, features, kind)
+        module = Mod(encoder, [vector_key, PIXELS_KEY], [out_key])
     else:
-        module = Mod(ImageEncoder(inputs.image, features), [PIXELS_KEY], [out_key])
+        module = Mod(image_encoder(kind, inputs.image, features), [PIXELS_KEY], [out_key])
     return [*pre, module], out_key, inputs.vector + features

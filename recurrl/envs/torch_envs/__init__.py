@@ -1,11 +1,14 @@
-"""recurrl's batched torch envs: built-in tasks and popgym memory tasks, all N envs per op.
+"""recurrl's batched torch envs: built-in tasks, popgym's and MiniGrid's memory tasks, all N
+envs per op.
 
 Each env holds the state of its N envs in tensors on one device (``device=``, CPU or CUDA)
 and steps them all in a few tensor ops, with the :class:`~recurrl.envs.GymVecEnv` contract:
 the same keys, specs, dtypes and flags as the gymnasium / popgym env of the same id, partial
 resets by a ``"_reset"`` mask (``("next", "observation")`` of a finished env is its terminal
 observation, the next root its first one of the next episode), and a finished env that was
-not reset refuses to step (``RuntimeError``, as ``GymVecEnv``). Initial states and decks
+not reset refuses to step (``RuntimeError``, as ``GymVecEnv``). MiniGrid's observations (a
+``Dict`` with a mission text) have no ``GymVecEnv`` of their own: its Memory envs write the
+keys ``recurrl train`` reads from them (``"observation"``, ``"pixels"``). Initial states and decks
 come from one ``torch.Generator`` per env, on its device (``seed=`` / ``set_seed``); random
 actions, as for every recurrl env, from torch's global RNG.
 
@@ -23,6 +26,7 @@ import torch
 
 from recurrl.envs.common import EnvBase
 from recurrl.envs.torch_envs.cartpole import CartPoleEnv
+from recurrl.envs.torch_envs.minigrid_memory import MEMORY_IDS, MiniGridMemoryEnv
 from recurrl.envs.torch_envs.pendulum import PendulumEnv
 from recurrl.envs.torch_envs.popgym import CountRecallEnv, RepeatFirstEnv, RepeatPreviousEnv
 
@@ -30,6 +34,7 @@ __all__ = [
     "TORCH_ENVS",
     "CartPoleEnv",
     "CountRecallEnv",
+    "MiniGridMemoryEnv",
     "PendulumEnv",
     "RepeatFirstEnv",
     "RepeatPreviousEnv",
@@ -53,6 +58,16 @@ def _popgym_ids() -> dict[str, TorchEnvFactory]:
     return out
 
 
+def _minigrid_ids() -> dict[str, TorchEnvFactory]:
+    """MiniGrid's Memory ids, as ``recurrl train`` spells them (``minigrid:`` first: the
+    module that registers them) and as gymnasium does once minigrid is imported."""
+    out: dict[str, TorchEnvFactory] = {}
+    for name, (size, random_length) in MEMORY_IDS.items():
+        factory = functools.partial(MiniGridMemoryEnv, size=size, random_length=random_length)
+        out[f"minigrid:{name}"] = out[name] = factory
+    return out
+
+
 #: env id -> factory ``(num_envs, *, device, seed, max_episode_steps) -> EnvBase``. The
 #: ``-masked`` ids are the trainer's built-in tasks: the full env, whose entries the trainer
 #: hides with its own ``MaskObservation``.
@@ -62,6 +77,7 @@ TORCH_ENVS: dict[str, TorchEnvFactory] = {
     "Pendulum-v1": PendulumEnv,
     "Pendulum-masked": PendulumEnv,
     **_popgym_ids(),
+    **_minigrid_ids(),
 }
 
 
@@ -94,7 +110,8 @@ def make_torch_env(
         device: device of the state and of every tensor written (default cpu).
         seed: seed of the env's generator; ``None``: a random seed.
         max_episode_steps: time limit; ``None``: the task's (500 for CartPole, 200 for
-            Pendulum, none for the popgym tasks, as with gymnasium).
+            Pendulum, none for the popgym tasks, as with gymnasium; ``5 * size**2`` for
+            MiniGrid's Memory tasks, minigrid's own limit).
 
     Returns:
         The env (an :class:`~recurrl.envs.EnvBase` of batch ``[num_envs]``).

@@ -3,6 +3,8 @@ masked envs only, seeding, refusing to step a finished env, CPU/CUDA agreement."
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -10,7 +12,15 @@ from recurrl.envs import check_env_specs, make_torch_env
 from recurrl.envs.torch_envs import TORCH_ENVS
 from recurrl.envs.utils import RESET_KEY
 
-IDS = [i for i in sorted(TORCH_ENVS) if not i.endswith("-masked")]
+# one id per env: the trainer's -masked ids and the module:EnvId spellings repeat a factory;
+# MiniGrid's envs render their views with minigrid (an optional extra)
+IDS = [
+    i
+    for i in sorted(TORCH_ENVS)
+    if not i.endswith("-masked")
+    and ":" not in i
+    and ("MiniGrid" not in i or importlib.util.find_spec("minigrid") is not None)
+]
 #: the tensors that hold an env's state, by task (copied between envs in the tests)
 STATE = ("state", "decks", "counts", "steps", "_needs_reset")
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -53,7 +63,8 @@ def test_same_seed_same_trajectories_other_seed_others(env_id):
     reseeded.set_seed(7)
     _assert_same_steps(_play(reseeded, actions), first)
     other = _play(make_torch_env(env_id, 4, seed=8), actions)
-    assert not torch.equal(other[0]["observation"], first[0]["observation"])
+    observed = make_torch_env(env_id, 1).observation_spec.keys()  # MiniGrid's: and "pixels"
+    assert not all(torch.equal(other[0][key], first[0][key]) for key in observed)
 
 
 @pytest.mark.parametrize("env_id", IDS)

@@ -1,5 +1,6 @@
 """TORCH_ENVS, has_torch_env and make_torch_env: every id builds, with the specs that
-GymVecEnv gives for the same id (the base gymnasium id for the trainer's masked ones)."""
+GymVecEnv gives for the same id (the base gymnasium id for the trainer's masked ones; for
+MiniGrid's, the trainer's NetworkInputs view of them)."""
 
 from __future__ import annotations
 
@@ -20,18 +21,30 @@ def test_the_registry_lists_the_required_ids():
         for task in ("RepeatPrevious", "RepeatFirst", "CountRecall")
         for level in ("Easy", "Medium", "Hard")
     ]
-    assert set(TORCH_ENVS) == {"CartPole-v1", "Pendulum-v1", *MASKED, *popgym}
+    memory = [
+        f"MiniGrid-Memory{s}-v0" for s in ("S7", "S9", "S11", "S13", "S13Random", "S17Random")
+    ]
+    minigrid = [*memory, *(f"minigrid:{i}" for i in memory)]
+    assert set(TORCH_ENVS) == {"CartPole-v1", "Pendulum-v1", *MASKED, *popgym, *minigrid}
+    assert TORCH_ENVS["minigrid:MiniGrid-MemoryS7-v0"] is TORCH_ENVS["MiniGrid-MemoryS7-v0"]
     assert TORCH_ENVS["CartPole-masked"] is TORCH_ENVS["CartPole-v1"]
     assert TORCH_ENVS["Pendulum-masked"] is TORCH_ENVS["Pendulum-v1"]
     assert all(has_torch_env(i) for i in TORCH_ENVS)
     assert not has_torch_env("Acrobot-v1") and not has_torch_env("popgym-AutoencodeEasy-v0")
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning")  # popgym's checker warnings
+@pytest.mark.filterwarnings("ignore::UserWarning")  # popgym's checkers, MiniGrid's mission
 @pytest.mark.parametrize("env_id", sorted(TORCH_ENVS))
 def test_specs_equal_gym_vec_envs(env_id):
     env = make_torch_env(env_id, 3, seed=0)
-    reference = GymVecEnv(MASKED.get(env_id, env_id), num_envs=3)
+    if "MiniGrid" in env_id:  # a Dict observation with a mission text: the trainer's view
+        pytest.importorskip("minigrid")
+        from recurrl.trainers.encoders import inputs_vector_env
+
+        name = env_id if ":" in env_id else f"minigrid:{env_id}"
+        reference = GymVecEnv(inputs_vector_env(name, 3))
+    else:
+        reference = GymVecEnv(MASKED.get(env_id, env_id), num_envs=3)
     try:
         assert env.batch_size == reference.batch_size == torch.Size([3])
         for name in SPECS:

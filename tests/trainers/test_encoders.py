@@ -1,0 +1,101 @@
+"""The image encoders' registry and the flat encoder of symbolic grids (the CNN, NetworkInputs
+and the env side are covered in test_env_inputs.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from recurrl.modules import set_recurrent_mode
+from recurrl.trainers.config import ModelConfig
+from recurrl.trainers.encoders import (
+    IMAGE_ENCODERS,
+    FlatImageEncoder,
+    ImageEncoder,
+    InputEncoder,
+    ObsInputs,
+    add_image_encoder,
+    image_encoder,
+)
+from recurrl.trainers.models import ActorCritic, QNetwork
+
+from ._helpers import parse_train
+
+
+def test_flat_encoder_is_one_linear_layer_over_the_unscaled_entries():
+    torch.manual_seed(0)
+    enc = FlatImageEncoder((7, 7, 3), 16)
+    pixels = torch.randint(0, 11, (4, 7, 7, 3), dtype=torch.uint8)
+    expected = torch.relu(pixels.reshape(4, -1).float() @ enc.linear.weight.T + enc.linear.bias)
+    torch.testing.assert_close(enc(pixels), expected)
+    seq = torch.randint(0, 11, (2, 5, 7, 7, 3), dtype=torch.uint8)
+    out = enc(seq)
+    assert out.shape == (2, 5, 16)
+    torch.testing.assert_close(out[1, 3], enc(seq[1, 3]))  # the same per frame
+    assert sum(p.numel() for p in enc.parameters()) == 147 * 16 + 16
+
+
+def test_flat_encoder_tells_a_key_from_a_ball_at_init():
+    """MiniGrid's key and ball differ by one in their object index: at initialization the
+    features of two views that differ only there are far apart (no / 255 to shrink them)."""
+    torch.manual_seed(0)
+    enc = FlatImageEncoder((7, 7, 3), 64)
+    key = torch.ones(1, 7, 7, 3, dtype=torch.uint8)
+    key[0, 3, 5] = torch.tensor([5, 1, 0], dtype=torch.uint8)  # a green key
+    ball = key.clone()
+    ball[0, 3, 5, 0] = 6  # a green ball
+    with torch.no_grad():
+        assert float((enc(key) - enc(ball)).norm()) > 0.5
+
+
+def test_flat_encoder_checks_its_shapes():
+    with pytest.raises(ValueError, match=r"FlatImageEncoder: expected shape \(H, W, C\)"):
+        FlatImageEncoder((7, 7), 8)
+    enc = FlatImageEncoder((7, 7, 3), 8)
+    with pytest.raises(ValueError, match=r"expected images \[\*B, 7, 7, 3\].*\[4, 3, 7, 7\]"):
+        enc(torch.zeros(4, 3, 7, 7, dtype=torch.uint8))
+
+
+def test_the_registry_is_the_cli_choices_and_builds_each_encoder():
+    assert list(IMAGE_ENCODERS) == ["cnn", "flat"]
+    assert isinstance(image_encoder("cnn", (7, 7, 3), 8), ImageEncoder)
+    assert isinstance(InputEncoder((7, 7, 3), 8, "flat").image, FlatImageEncoder)
+    assert parse_train("--image-encoder", "flat").model.image_encoder == "flat"
+    assert parse_train().model.image_encoder == "cnn"
+    with pytest.raises(SystemExit):
+        parse_train("--image-encoder", "vit")
+    with pytest.raises(ValueError, match=r"expected one of \['cnn', 'flat'\].*Fix"):
+        image_encoder("vit", (7, 7, 3), 8)
+    with pytest.raises(ValueError, match=r"image_encoder must be one of \('cnn', 'flat'\)"):
+        ModelConfig(image_encoder="vit")
+
+
+@pytest.mark.parametrize("vector", [4, 0])
+def test_add_image_encoder_builds_the_kind_asked_for(vector):
+    mods, key, size = add_image_encoder([], ObsInputs(vector, (7, 7, 3)), "obs", "enc", 8, "flat")
+    assert (key, size) == ("enc", vector + 8)
+    assert [type(m) for m in mods[0].module.modules()].count(FlatImageEncoder) == 1
+
+
+@pytest.mark.parametrize("memory", ["lstm", "none"])
+def test_actor_critic_and_q_network_with_the_flat_encoder(memory):
+    cfg = ModelConfig(memory=memory, hidden_size=8, image_encoder="flat")
+    model = ActorCritic(cfg, ObsInputs(4, (7, 7, 3)), 7)
+    kinds = [type(m) for m in model.modules()]
+    assert kinds.count(FlatImageEncoder) == 1 and ImageEncoder not in kinds  # shared
+    td = TensorDict(
+        observation=torch.randn(5, 6, 4),
+        pixels=torch.randint(0, 11, (5, 6, 7, 7, 3), dtype=torch.uint8),
+        is_init=torch.zeros(5, 6, 1, dtype=torch.bool).index_fill_(1, torch.tensor([0]), True),
+        batch_size=[5, 6],
+    )
+    out = model.policy()(td[:, 0].clone())
+    assert out["encoded_observation"].shape == (5, 12) and out["action"].shape == (5,)
+    with set_recurrent_mode(True):
+        assert model.actor(td.clone())["logits"].shape == (5, 6, 7)
+        assert model.critic(td.clone())["state_value"].shape == (5, 6, 1)
+    q = QNetwork(cfg, ObsInputs(4, (7, 7, 3)), 7)
+    assert [type(m) for m in q.modules()].count(FlatImageEncoder) == 1
+    with set_recurrent_mode(True):
+        assert q.q(td.clone())["action_value"].shape == (5, 6, 7)
