@@ -53,6 +53,7 @@ from recurrl.trainers.config import (
 )
 from recurrl.trainers.errors import UsageError
 from recurrl.trainers.evaluate import CONFIG, evaluate, load_config, require_checkpoint
+from recurrl.trainers.plugins import load_plugins
 from recurrl.trainers.run_lock import lock_run_dir
 from recurrl.trainers.sweep import add_sweep_parser, run_sweep, split_train_argv
 
@@ -108,6 +109,9 @@ def _add_fields(
             added[flag].help = f"{added[flag].help[:-1]}; {section}: {shown})"
             continue
         kwargs = _argument(hints[f.name], default)
+        if "choices" in f.metadata:  # a registry's names, read when the parser is built
+            names = list(f.metadata["choices"]())
+            kwargs.update(choices=names, metavar="{" + ",".join(names) + "}")
         shared = section in ALGOS and any(
             f.name in {g.name for g in dataclasses.fields(SECTIONS[a])}
             for a in ALGOS if a != section
@@ -249,8 +253,9 @@ def _ray_options(options: dict[str, Any], data: dict[str, Any]) -> None:
         given = [n for n in ("workers", "envs_per_worker") if f"env{_SEP}{n}" in options]
         if given:
             flags = " ".join(_flag(n) for n in given)
+            verb = "applies" if len(given) == 1 else "apply"
             raise UsageError(
-                f"{flags} only apply with --collector ray (the run uses the {env['collector']} "
+                f"{flags} only {verb} with --collector ray (the run uses the {env['collector']} "
                 f"collector). Fix: add --collector ray, or drop {flags}."
             )
         return
@@ -309,6 +314,27 @@ def _check_device(device: str) -> None:
             f"--device {device}: this machine has {count} {dev.type} device(s), numbered from "
             f"0. Fix: --device {dev.type}:0."
         )
+
+
+def _check_backend(cfg: TrainConfig) -> None:
+    """A usage error when ``--recurrent-backend`` cannot run on ``--device`` here (e.g.
+    ``triton`` without CUDA or without the package), before anything runs."""
+    from recurrl.functional.recurrent import check_recurrent_options
+    from recurrl.modules.registry import MEMORY_REGISTRY
+
+    model = cfg.model
+    if model.memory not in MEMORY_REGISTRY:
+        return  # the feed-forward trunk has no recurrent backend
+    try:
+        check_recurrent_options(
+            model.recurrent_backend, "none", python_based=False, device=cfg.run.device,
+            mode=MEMORY_REGISTRY[model.memory].cell,
+        )  # fmt: skip
+    except (ImportError, RuntimeError, ValueError) as err:
+        raise UsageError(
+            f"--recurrent-backend {model.recurrent_backend} with --device {cfg.run.device}: "
+            f"{err} Fix: --recurrent-backend auto."
+        ) from err
 
 
 def _prog() -> str:
@@ -416,6 +442,7 @@ def _train(args: argparse.Namespace, signals: _Signals) -> int:
         )
     cfg = config_from_args(args)
     _check_device(cfg.run.device)
+    _check_backend(cfg)
     _say_rounded_frames(args, cfg)
     if args.resume:
         run_dir = Path(args.resume)
@@ -559,10 +586,18 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``recurrl`` command; returns the exit status.
 
+    Plugins (:mod:`recurrl.trainers.plugins`: ``$RECURRL_PLUGINS``, installed entry points)
+    are imported first, so the memories and backends they register are valid options.
+
     0: done. 2: a usage error (argparse's, or a :class:`~recurrl.trainers.errors.UsageError`:
     one line on stderr). 130 / 143: stopped by SIGINT / SIGTERM. Any other exception is an
     internal error and propagates (traceback, status 1).
     """
+    try:  # first: a plugin's memories and backends are choices of the parser
+        load_plugins()
+    except UsageError as err:
+        print(f"recurrl: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     train_argv: list[str] = []

@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from recurrl.functional.recurrent import backend_refusal, recurrent_backend_names
+from recurrl.modules.registry import FEED_FORWARD, MEMORY_REGISTRY, memory_names
 from recurrl.trainers._config_checks import (
     check_entries,
     check_frames,
@@ -33,6 +35,18 @@ __all__ = [
     "field_docs",
     "resume_conflicts",
 ]
+
+def _memory_choices() -> tuple[str, ...]:
+    """``ModelConfig.memory``'s values: the registered memories, then the feed-forward trunk."""
+    return (*memory_names(), FEED_FORWARD)
+
+
+def _image_encoder_choices() -> tuple[str, ...]:
+    """``ModelConfig.image_encoder``'s values: the names of the image encoders' registry."""
+    from recurrl.trainers.encoders import IMAGE_ENCODERS
+
+    return tuple(IMAGE_ENCODERS)
+
 
 #: ``EnvConfig.engine`` choices: what steps the envs
 ENGINES = ("auto", "torch", "gymnasium", "gymnasium-vector", "envpool")
@@ -95,8 +109,9 @@ class EnvConfig:
     engine: Literal["auto", "torch", "gymnasium", "gymnasium-vector", "envpool"] = "auto"
     """What steps the envs: torch (recurrl's batched torch implementation of the task: all
     envs in a few tensor ops per step, on --device; the ids of recurrl.envs.TORCH_ENVS:
-    CartPole-masked, Pendulum-masked, CartPole-v1, Pendulum-v1 and popgym's RepeatPrevious,
-    RepeatFirst and CountRecall), gymnasium (a gymnasium SyncVectorEnv: one Python call per
+    CartPole-masked, Pendulum-masked, CartPole-v1, Pendulum-v1, popgym's RepeatPrevious,
+    RepeatFirst and CountRecall, and MiniGrid's Memory tasks, e.g.
+    minigrid:MiniGrid-MemoryS7-v0), gymnasium (a gymnasium SyncVectorEnv: one Python call per
     env per step, on the CPU), gymnasium-vector (gymnasium's own batched implementation of
     the id, its vector_entry_point: CartPole), envpool (EnvPool's C++ threads; the envpool
     extra), or auto (torch where the id has one, else gymnasium). All compute the same
@@ -221,9 +236,10 @@ class EnvConfig:
 class ModelConfig:
     """Actor and critic: a trunk (recurrent or feed-forward) and small MLP heads."""
 
-    memory: Literal["lstm", "gru", "mingru", "lru", "none"] = "lstm"
-    """Trunk: lstm, gru, mingru, lru (mingru and lru: linear-recurrent cells trained with a
-    parallel scan), or none (a feed-forward MLP baseline without memory)."""
+    memory: str = field(default="lstm", metadata={"choices": _memory_choices})
+    """Trunk: a registered memory (lstm, gru, mingru, lru: mingru and lru are linear-recurrent
+    cells trained with a parallel scan; register_memory() adds one), or none (a feed-forward
+    MLP baseline without memory)."""
     hidden_size: int = 64
     """Features of the recurrent state (and width of the MLP layers)."""
     num_layers: int = 1
@@ -234,24 +250,28 @@ class ModelConfig:
     """Continuous (Box) actions, PPO only: the policy is a Gaussian squashed by tanh into the
     action bounds; its standard deviation is one learned parameter per action entry
     (parameter) or an output of the actor's head for every state (state)."""
-    recurrent_backend: Literal["auto", "pad", "scan", "assoc", "cpp"] = "auto"
-    """How the recurrent trunk runs a sequence with resets in training: pad (split at resets,
-    torch's fused kernel), scan (time loop), assoc (parallel scan, linear cells: mingru and
-    lru only), cpp (scan's loop in C++ on CPU, compiled on first use; `recurrl build-ext`
-    compiles ahead of time), or auto (the faster for the input: on CPU cpp where a C++
-    compiler is found, for the LSTM on batches with a restart inside a row and pad on the
-    others, else pad for the LSTM, scan for the GRU and assoc for mingru and lru; on CUDA
-    triton for batches of >= 16 rows with restarts when triton is installed, else pad, and
-    assoc for mingru and lru). All give the same numbers up to float rounding (the default
-    recipes are measured under several, see benchmarks/learning/README.md), so a resumed run
-    may change it."""
+    image_encoder: str = field(default="cnn", metadata={"choices": _image_encoder_choices})
+    """Encoder of image observations (uint8 HxWxC, e.g. MiniGrid's view): cnn (three 3x3
+    convolutions and a linear layer) or flat (the entries as numbers through one linear
+    layer: for small symbolic grids such as MiniGrid's, whose entries are object, colour and
+    state indices; about 1/100 of the CNN's cost per frame)."""
+    recurrent_backend: str = field(default="auto", metadata={"choices": recurrent_backend_names})
+    """How the recurrent trunk runs a sequence with resets in training: auto (the fastest
+    backend that runs the input, picked per batch; the rule is resolve_backend's in
+    recurrl.functional.recurrent), pad (split at resets, torch's fused kernel), scan (time
+    loop), cpp (scan's loop in C++ on CPU, compiled on first use; `recurrl build-ext` compiles
+    ahead of time), assoc (parallel scan, linear cells only), triton (GPU kernel) or any
+    registered backend. All give the same numbers up to float rounding (the default recipes
+    are measured under several, see benchmarks/learning/README.md), so a resumed run may
+    change it."""
 
     def __post_init__(self) -> None:
         finite(self)
-        if self.memory not in ("lstm", "gru", "mingru", "lru", "none"):
+        if self.memory not in _memory_choices():
             raise ValueError(
-                f"ModelConfig: memory must be 'lstm', 'gru', 'mingru', 'lru' or 'none', received "
-                f"{self.memory!r}."
+                f"ModelConfig: memory must be one of {_memory_choices()}, received "
+                f"{self.memory!r}. Fix: --memory lstm; a memory of your own: register_memory() "
+                f"it in a module named by $RECURRL_PLUGINS."
             )
         positive("ModelConfig", hidden_size=self.hidden_size, num_layers=self.num_layers)
         if self.action_std not in ("parameter", "state"):
@@ -259,17 +279,31 @@ class ModelConfig:
                 f"ModelConfig: action_std must be 'parameter' or 'state', received "
                 f"{self.action_std!r}. Fix: --action-std parameter."
             )
-        if self.recurrent_backend not in ("auto", "pad", "scan", "assoc", "cpp"):
+        if self.image_encoder not in _image_encoder_choices():
             raise ValueError(
-                f"ModelConfig: recurrent_backend must be 'auto', 'pad', 'scan', 'assoc' or "
-                f"'cpp', received {self.recurrent_backend!r}."
+                f"ModelConfig: image_encoder must be one of {_image_encoder_choices()}, "
+                f"received {self.image_encoder!r}. Fix: --image-encoder cnn (or flat for a "
+                f"small symbolic grid such as MiniGrid's)."
             )
-        if self.recurrent_backend == "assoc" and self.memory not in ("mingru", "lru"):
+        if self.recurrent_backend not in recurrent_backend_names():
             raise ValueError(
-                f"ModelConfig: recurrent_backend='assoc' (a parallel scan) runs only "
-                f"linear-recurrent cells (memory='mingru' or 'lru'), received "
-                f"memory={self.memory!r}. Fix: --recurrent-backend auto, or --memory mingru."
+                f"ModelConfig: recurrent_backend must be one of {recurrent_backend_names()}, "
+                f"received {self.recurrent_backend!r}. Fix: --recurrent-backend auto; a backend "
+                f"of your own: register it in a module named by $RECURRL_PLUGINS."
             )
+        if self.memory != FEED_FORWARD:
+            cell = MEMORY_REGISTRY[self.memory].cell
+            reason = backend_refusal(self.recurrent_backend, cell)
+            if reason is not None:
+                runs = [
+                    m.name for m in MEMORY_REGISTRY.values()
+                    if backend_refusal(self.recurrent_backend, m.cell) is None
+                ]  # fmt: skip
+                other = f", or --memory {' / '.join(runs)}" if runs else ""
+                raise ValueError(
+                    f"ModelConfig: memory={self.memory!r} with {reason} Fix: "
+                    f"--recurrent-backend auto{other}."
+                )
 
 
 @dataclass
@@ -446,6 +480,7 @@ SAVED_BEFORE: dict[tuple[str, str], Any] = {
     ("env", "engine"): "gymnasium",
     ("dqn", "sampler"): "slice",
     ("dqn", "priority_uniform_mix"): 0.0,
+    ("model", "image_encoder"): "cnn",
 }
 #: ``EnvConfig.num_envs`` when it is None: the number each algorithm's recipe was tuned with
 DEFAULT_NUM_ENVS = {"ppo": 20, "dqn": 8}

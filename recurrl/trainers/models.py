@@ -24,14 +24,8 @@ from recurrl.envs import (
     TransformedEnv,
     specs,
 )
-from recurrl.modules import (
-    MLP,
-    GRUModule,
-    LRUModule,
-    LSTMModule,
-    MinGRUModule,
-    RecurrentModule,
-)
+from recurrl.modules import MEMORY_REGISTRY, MLP, memory_names
+from recurrl.modules.registry import FEED_FORWARD as _FEED_FORWARD
 from recurrl.trainers.config import DEFAULT_NUM_ENVS, EnvConfig, ModelConfig, TrainConfig
 from recurrl.trainers.encoders import (
     ObsInputs,
@@ -64,15 +58,7 @@ LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 #: squashed actions are clamped to (-1 + eps, 1 - eps) before atanh (as ClipPPOLoss does)
 TANH_EPS = 1e-6
 #: ``ModelConfig.memory`` of the feed-forward trunk (an MLP, no state)
-FEED_FORWARD = "none"
-#: ``ModelConfig.memory`` -> the recurrent trunk's module and the suffixes of its state keys
-#: (``f"{name}_{suffix}"``): the one place a memory name is mapped to a module.
-MEMORY_MODULES: dict[str, tuple[type[RecurrentModule], tuple[str, ...]]] = {
-    "lstm": (LSTMModule, ("h", "c")),
-    "gru": (GRUModule, ("h",)),
-    "mingru": (MinGRUModule, ("h",)),
-    "lru": (LRUModule, ("y", "h")),  # the last output, and the complex state as [Re | Im]
-}
+FEED_FORWARD = _FEED_FORWARD
 
 
 def make_env(
@@ -382,7 +368,8 @@ def _trunk(cfg: ModelConfig, obs_dim: int, name: str, obs_key: str = OBS_KEY) ->
     """A trunk reading ``obs_key`` (default ``"observation"``) and writing
     ``f"{name}_features"``.
 
-    Recurrent trunks (the module :data:`MEMORY_MODULES` maps ``cfg.memory`` to) keep their
+    Recurrent trunks (the module :data:`~recurrl.modules.registry.MEMORY_REGISTRY` maps
+    ``cfg.memory`` to) keep their
     state under ``f"{name}_h"`` (and ``f"{name}_c"`` for the LSTM, ``f"{name}_y"`` for the
     LRU), so the actor's and the critic's own trunks never share state keys.
     """
@@ -393,13 +380,14 @@ def _trunk(cfg: ModelConfig, obs_dim: int, name: str, obs_key: str = OBS_KEY) ->
             activate_last_layer=True,
         )  # fmt: skip
         return Mod(mlp, in_keys=[obs_key], out_keys=[out])
-    if cfg.memory not in MEMORY_MODULES:
-        choices = ", ".join(repr(m) for m in (*MEMORY_MODULES, FEED_FORWARD))
+    if cfg.memory not in MEMORY_REGISTRY:
+        choices = ", ".join(repr(m) for m in (*memory_names(), FEED_FORWARD))
         raise ValueError(
             f"ModelConfig.memory must be one of {choices}, received {cfg.memory!r}. Fix: "
-            f"--memory {next(iter(MEMORY_MODULES))} (or another of those names)."
+            f"--memory lstm (or another of those names), or register_memory() your module."
         )
-    module, suffixes = MEMORY_MODULES[cfg.memory]
+    entry = MEMORY_REGISTRY[cfg.memory]
+    module, suffixes = entry.module, entry.state_suffixes
     states = [f"{name}_{suffix}" for suffix in suffixes]
     return module(
         obs_dim, cfg.hidden_size, num_layers=cfg.num_layers,
@@ -454,7 +442,8 @@ class ActorCritic(nn.Module):
     Args:
         obs_dim: ``F``, the features of ``"observation"`` ``[*B, F]``; or an
             :class:`~recurrl.trainers.encoders.ObsInputs` (from
-            :func:`~recurrl.trainers.encoders.observation_inputs`): with an image, a CNN
+            :func:`~recurrl.trainers.encoders.observation_inputs`): with an image, an
+            encoder (``cfg.image_encoder``: a CNN, or one linear layer with ``"flat"``)
             shared by the actor and the critic reads ``"pixels"`` uint8 ``[*B, H, W, C]``
             and both trunks read ``"encoded_observation"`` ``[*B, F + hidden_size]`` (the
             vector, then the image features).
@@ -551,8 +540,11 @@ class ActorCritic(nn.Module):
             key = "scaled_observation"
         scaling = self.obs_norm if self.obs_norm is not None else ObsScale(obs_scale)
         pre = [] if key == OBS_KEY else [Mod(scaling, [OBS_KEY], [key])]
-        # an image: one CNN, shared by the actor and the critic, feeds both trunks
-        pre, key, in_dim = add_image_encoder(pre, inputs, key, "encoded_observation", width)
+        # an image: one encoder (cfg.image_encoder), shared by the actor and the critic,
+        # feeds both trunks
+        pre, key, in_dim = add_image_encoder(
+            pre, inputs, key, "encoded_observation", width, cfg.image_encoder
+        )
         actor_trunk = _trunk(cfg, in_dim, "actor", key)
         critic_trunk = actor_trunk if cfg.shared_trunk else _trunk(cfg, in_dim, "critic", key)
         a_feat, c_feat = actor_trunk.out_keys[0], critic_trunk.out_keys[0]
@@ -732,7 +724,8 @@ class QNetwork(nn.Module):
 
     Args:
         obs_dim: ``F``, the features of ``"observation"`` ``[*B, F]``; or an
-            :class:`~recurrl.trainers.encoders.ObsInputs`: with an image, a CNN reads
+            :class:`~recurrl.trainers.encoders.ObsInputs`: with an image, the encoder
+            ``cfg.image_encoder`` (a CNN, or one linear layer with ``"flat"``) reads
             ``"pixels"`` uint8 ``[*B, H, W, C]`` and the trunk reads ``"q_encoded"``
             ``[*B, F + hidden_size]`` (the normalized vector, then the image features).
         obs_scale: the trunk reads ``"q_observation"`` = ``obs_scale * norm("observation")``
@@ -753,7 +746,9 @@ class QNetwork(nn.Module):
         width = cfg.hidden_size
         self.obs_norm = ObservationNorm(inputs.vector, obs_scale)
         pre = [Mod(self.obs_norm, ["observation"], ["q_observation"])] if inputs.vector else []
-        pre, key, in_dim = add_image_encoder(pre, inputs, "q_observation", "q_encoded", width)
+        pre, key, in_dim = add_image_encoder(
+            pre, inputs, "q_observation", "q_encoded", width, cfg.image_encoder
+        )
         trunk = _trunk(cfg, in_dim, "q", obs_key=key)
         head = MLP(width, n_actions, num_cells=width)  # as PPO's critic head
         self.q = Seq(*pre, trunk, Mod(head, [trunk.out_keys[0]], ["action_value"]))

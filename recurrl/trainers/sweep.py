@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from recurrl.functional.recurrent import recurrent_backend_names
 from recurrl.trainers.checkpoint import CHECKPOINT
 from recurrl.trainers.errors import UsageError
 
@@ -112,7 +113,7 @@ def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
         help="greedy evaluation episodes per run (default: 20)",
     )  # fmt: skip
     sweep.add_argument(
-        "--backends", nargs="+", choices=["auto", "pad", "scan", "assoc", "cpp"], default=None,
+        "--backends", nargs="+", choices=list(recurrent_backend_names()), default=None,
         help="run every seed under each of these --recurrent-backend values (default: the "
         "one of the train options, pad)",
     )  # fmt: skip

@@ -253,7 +253,7 @@ def test_a_missing_checkpoint_is_named(tmp_path):
         ('{"ppo": {"lr": "fast"}}', "ppo.lr must be float, received 'fast'"),
         ('{"run": {"quiet": 1}}', "run.quiet must be bool, received 1"),
         ('{"env": {"num_envs": 2.5}}', "env.num_envs must be int"),
-        ('{"model": {"memory": "tcn"}}', "model.memory must be one of 'lstm', 'gru', 'mingru'"),
+        ('{"model": {"memory": "tcn"}}', r"memory must be one of \('lstm', 'gru', 'mingru'"),
         ('{"algo": null}', "algo must be one of 'ppo', 'dqn', received None"),
         (  # a setting __post_init__ rejects
             '{"ppo": {"frames": 1500, "frames_per_batch": 1000}}', r"Fix: --frames 2000"

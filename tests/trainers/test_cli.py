@@ -367,6 +367,7 @@ def _wait_for_metrics(proc: subprocess.Popen, run_dir, timeout: float = 120.0) -
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.slow  # a training subprocess, signals
 def test_a_signal_saves_a_checkpoint_and_says_how_to_resume(tmp_path, capsys, sig, code):
     run_dir = tmp_path / "run"
     proc = _start(run_dir)
@@ -472,3 +473,15 @@ def test_build_ext_compiles_the_cpp_kernels_ahead_of_time(capsys):
     from recurrl.trainers.config import ModelConfig
 
     assert ModelConfig(recurrent_backend="cpp").recurrent_backend == "cpp"
+
+
+def test_a_backend_that_cannot_run_on_the_device_is_a_usage_error(capsys, tmp_path):
+    """triton needs CUDA: on a CPU run it is refused before anything runs, with the fix."""
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("triton runs here")
+    run_dir = tmp_path / "never"
+    assert main(["train", "--recurrent-backend", "triton", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "--recurrent-backend triton with --device cpu" in err
+    assert "Fix: --recurrent-backend auto." in err and not run_dir.exists()

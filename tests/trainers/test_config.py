@@ -194,9 +194,11 @@ def test_resumable_fields_exist_and_conflicts_name_the_others():
 def test_recurrent_backend_is_checked_and_may_change_on_resume():
     assert ModelConfig().recurrent_backend == "auto"
     assert ModelConfig(recurrent_backend="scan").recurrent_backend == "scan"
-    expected = "recurrent_backend must be 'auto', 'pad', 'scan', 'assoc' or 'cpp'"
+    expected = r"recurrent_backend must be one of \('pad', 'scan', 'triton', 'assoc', 'cpp',"
     with pytest.raises(ValueError, match=expected):
-        ModelConfig(recurrent_backend="triton")
+        ModelConfig(recurrent_backend="cudnn")
+    with pytest.raises(ValueError, match="Fix: --recurrent-backend auto, or --memory mingru / lru"):
+        ModelConfig(memory="lstm", recurrent_backend="assoc")
     assert "model.recurrent_backend" in RESUMABLE  # every backend computes the same
     saved = TrainConfig().to_dict()
     given = TrainConfig(model=ModelConfig(recurrent_backend="scan")).to_dict()
@@ -231,3 +233,28 @@ def test_steps_per_env_sets_the_row_length():
     assert (cfg.ppo.frames_per_batch, cfg.ppo.frames) == (1600, 6400)
     with pytest.raises(ValueError, match="steps_per_env"):
         PPOConfig(steps_per_env=0)
+
+
+def test_image_encoder_is_checked_and_fixed_for_a_run():
+    assert ModelConfig().image_encoder == "cnn"
+    assert ModelConfig(image_encoder="flat").image_encoder == "flat"
+    with pytest.raises(ValueError, match=r"image_encoder must be one of.*Fix: --image-encoder"):
+        ModelConfig(image_encoder="resnet")
+    # it shapes the model's weights: a resume may not change it
+    assert "model.image_encoder" not in RESUMABLE
+    saved = TrainConfig().to_dict()
+    given = TrainConfig(model=ModelConfig(image_encoder="flat")).to_dict()
+    assert resume_conflicts(saved, given) == [("model.image_encoder", "cnn", "flat")]
+    del saved["model"]["image_encoder"]  # a config.json written before the option: the CNN
+    assert TrainConfig.from_dict(saved, saved=True).model.image_encoder == "cnn"
+
+
+def test_minigrid_memory_ids_resolve_to_the_torch_engine():
+    pytest.importorskip("minigrid")
+    for env_id in ("minigrid:MiniGrid-MemoryS7-v0", "minigrid:MiniGrid-MemoryS17Random-v0"):
+        assert EnvConfig(env=env_id).resolved_engine() == "torch"
+        assert EnvConfig(env=env_id, engine="gymnasium").resolved_engine() == "gymnasium"
+    # the other MiniGrid tasks have no torch implementation
+    assert EnvConfig(env="minigrid:MiniGrid-Empty-5x5-v0").resolved_engine() == "gymnasium"
+    with pytest.raises(ValueError, match=r"engine='torch'.*MiniGrid-Empty-5x5-v0.*Fix"):
+        EnvConfig(env="minigrid:MiniGrid-Empty-5x5-v0", engine="torch")

@@ -4,18 +4,18 @@
 from __future__ import annotations
 
 import math
-import typing
 
 import pytest
 import torch
 from tensordict import TensorDict
 from torch.distributions import Categorical
 
-from recurrl.modules import GRUModule, LRUModule, LSTMModule, MinGRUModule
+from recurrl.functional.recurrent import recurrent_backend_names
+from recurrl.modules import GRUModule, LRUModule, LSTMModule, MinGRUModule, memory_names
+from recurrl.trainers import cli
 from recurrl.trainers.config import EnvConfig, ModelConfig, TrainConfig
 from recurrl.trainers.models import (
     FEED_FORWARD,
-    MEMORY_MODULES,
     ActorCritic,
     EpsilonGreedy,
     FactorizedCategorical,
@@ -184,10 +184,14 @@ def test_actor_critic_reads_the_nvec_of_a_multi_discrete_env():
     )
 
 
-def test_memory_names_of_the_builder_are_those_of_the_config():
-    """--memory's choices (the config's Literal) and the builder's map name the same trunks."""
-    memory = typing.get_type_hints(ModelConfig)["memory"]
-    assert {*MEMORY_MODULES, FEED_FORWARD} == set(typing.get_args(memory))
+def test_memory_choices_of_the_cli_are_the_registry():
+    """--memory's choices and the builder read one list: the memory registry (and none)."""
+    parser = cli.build_parser()
+    train = parser._subparsers._group_actions[0].choices["train"]
+    memory = next(a for a in train._actions if "--memory" in a.option_strings)
+    assert memory.choices == [*memory_names(), FEED_FORWARD]
+    backend = next(a for a in train._actions if "--recurrent-backend" in a.option_strings)
+    assert backend.choices == list(recurrent_backend_names())
 
 
 @pytest.mark.parametrize(
@@ -292,3 +296,35 @@ def test_the_envpool_engine_builds_an_envpool_env():
         assert env.rollout(5)["next", "observation"].shape == (2, 5, 2)
     finally:
         env.close()
+
+
+MEMORY_S7 = "minigrid:MiniGrid-MemoryS7-v0"
+
+
+@pytest.mark.filterwarnings("ignore:.*mission.*:UserWarning")  # NetworkInputs drops the text
+def test_minigrid_memory_runs_on_the_torch_engine_with_the_gymnasium_engines_inputs():
+    """``auto`` picks the batched torch env for MiniGrid's Memory ids; both engines give the
+    recipes the same keys and specs, so the same networks (a run may change engine on
+    resume)."""
+    pytest.importorskip("minigrid")
+    cfg = TrainConfig.from_dict(
+        {"env": {"env": MEMORY_S7, "num_envs": 4}, "model": {"image_encoder": "flat"}}
+    )
+    fast = make_env(cfg.env, seed=0)
+    slow = make_env(EnvConfig(env=MEMORY_S7, engine="gymnasium", num_envs=4), seed=0)
+    try:
+        assert type(_base(fast)).__name__ == "MiniGridMemoryEnv"
+        assert type(_base(slow)).__name__ == "GymVecEnv"
+        assert fast.observation_spec == slow.observation_spec
+        assert fast.action_spec == slow.action_spec
+        a, b = fast.reset(), slow.reset()
+        assert set(a.keys(True, True)) == set(b.keys(True, True))
+        assert {"is_init", "pixels", "observation"} <= set(a.keys())
+        shapes = [
+            {k: v.shape for k, v in actor_critic(cfg, env).state_dict().items()}
+            for env in (fast, slow)
+        ]
+        assert shapes[0] == shapes[1]
+    finally:
+        fast.close()
+        slow.close()

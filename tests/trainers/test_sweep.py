@@ -88,6 +88,7 @@ def test_usage_errors(tmp_path, capsys, options, train, message):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # subprocess runs of recurrl train
 def test_tiny_sweep_end_to_end_then_a_rerun_does_only_what_is_missing(tmp_path, capsys):
     out = tmp_path / "out"
     argv = _sweep(out, "--seeds", "0-1", "--eval-episodes", "2", "--threshold", "15")
@@ -134,6 +135,7 @@ def test_tiny_sweep_end_to_end_then_a_rerun_does_only_what_is_missing(tmp_path, 
     }
 
 
+@pytest.mark.slow  # subprocess runs of recurrl train
 def test_an_unfinished_run_is_resumed_and_a_failing_run_reported(tmp_path, capsys):
     out = tmp_path / "out"
     argv = _sweep(out, "--seeds", "0-1", "--eval-episodes", "0")
@@ -198,6 +200,7 @@ def test_stop_interrupts_children_and_kills_them_after_the_grace_time():
     assert polite.returncode != 0 and stubborn.returncode == -9
 
 
+@pytest.mark.slow  # subprocess runs, signals
 def test_ctrl_c_stops_the_runs_at_a_checkpoint_and_the_summary_lists_them(tmp_path):
     out = tmp_path / "out"
     long = [*TINY, "--frames", "128000", "--checkpoint-every", "128"]
