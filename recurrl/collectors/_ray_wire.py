@@ -1,15 +1,16 @@
 """How a remote collector's batch travels to the driver of a
 :class:`~recurrl.collectors.RayCollector`.
 
-A pickled torch tensor is serialized through ``torch.save`` into an in-band byte string,
-written into Ray's object store, read back and unpickled into a new tensor: three copies
-and per-tensor overhead, about 1.2 s for the ~135 MB of a 51,200-frame batch of the PPO
-recipe (LSTM H=64, actor and critic states) on a 2-core machine. Numpy arrays travel out
-of band instead (pickle protocol 5): the worker writes each one into the object store in
-one ``memcpy`` and the driver maps it without copying (``benchmarks/ray_throughput.py``
-measures both). So a batch crosses the process boundary as its *wire form*: the nested
-entries of the TensorDict with every CPU tensor viewed as a numpy array (no copy on the
-worker's side), plus its batch size and device.
+A pickled torch tensor is serialized through torch's own reducer into an in-band byte
+string, written into Ray's object store, read back and unpickled into a new tensor: three
+copies and per-tensor overhead. Numpy arrays travel out of band instead (pickle protocol
+5): the worker writes each one into the object store in one ``memcpy`` and the driver maps
+it without copying. For the 136 MB of one 1024-env batch of the PPO fast recipe (LSTM H=64,
+actor and critic states) that is 0.4-0.8 s against 0.05-0.1 s, put, read back and made one
+TensorDict (``benchmarks/ray_throughput.py --transport both``, 2-core machine). So a batch
+crosses the process boundary as the *wire form* of its TensorDict: the nested entries with
+every CPU tensor viewed as a numpy array (no copy on the worker's side), plus its batch
+size and device; the driver turns it back into the TensorDict.
 
 The arrays the driver receives live in the read-only object store; :func:`unpack` copies
 them exactly once into writable tensors, which for ``sync=True`` is the concatenation of
