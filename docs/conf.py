@@ -20,7 +20,10 @@ Besides the usual settings this file holds one directive, one link rewrite and t
 * a check that every ``recurrl <command> --help`` text written in a guide (a fenced ``text``
   block starting with ``usage: recurrl <command>``) is what the real parser
   (:func:`recurrl.trainers.cli.build_parser`) prints, so the guides read the same on the
-  repository and never go stale: ``python docs/conf.py --update-help`` rewrites them;
+  repository and never go stale: ``python docs/conf.py --update`` rewrites them;
+* a check that every block generated from a registry (between ``<!-- generated: NAME -->``
+  and ``<!-- /generated -->``: the backend and memory tables, ``auto``'s rule, see
+  :data:`GENERATORS`) is what the registries give now; ``--update`` rewrites those too;
 * a check that the rows a guide copies from another file (a table after a
   ``<!-- rows from PATH -->`` comment) are still lines of that file.
 
@@ -129,7 +132,14 @@ PACKAGES = [
 ]
 # Public names kept out of ``__all__`` so that a star import does not import Ray.
 LAZY = {
-    "recurrl.collectors": ["RayCollector", "RemoteCollectorError"],
+    "recurrl.collectors": [
+        "RayCollector",
+        "RemoteCollectorError",
+        "MultiSyncCollector",
+        "MultiAsyncCollector",
+        "MultiSyncDataCollector",
+        "MultiaSyncDataCollector",
+    ],
     "recurrl.data": ["RayReplayBuffer"],
 }
 
@@ -292,7 +302,7 @@ def check_help_texts(app) -> None:
             logger.warning(
                 f"{path.relative_to(ROOT)}: its `recurrl {command} --help` text is not what "
                 f"the parser prints (an option was added, renamed or documented anew); "
-                f"Fix: run `python docs/conf.py --update-help`"
+                f"Fix: run `python docs/conf.py --update`"
             )
 
 
@@ -307,6 +317,113 @@ def update_help_texts() -> None:
             path.write_text(text)
             commands = ", ".join(f"recurrl {command} --help" for command, *_ in stale)
             print(f"{path.relative_to(ROOT)}: {commands}")
+
+
+# A block generated from a registry: ``<!-- generated: NAME -->`` ... ``<!-- /generated -->``.
+_GENERATED = re.compile(r"^<!-- generated: ([\w-]+) -->\n(.*?)^<!-- /generated -->$", re.S | re.M)
+
+
+def _rst_to_md(text: str) -> str:
+    """A docstring paragraph as Markdown: ``code`` literals and :role:`target` references as
+    code spans (the last dotted part of a reference, as Sphinx shows it)."""
+    text = re.sub(r":\w+:`~?([^`]*?)`", lambda m: f"`{m.group(1).rsplit('.', 1)[-1]}`", text)
+    return text.replace("``", "`")
+
+
+def generated_backends() -> str:
+    """The backend table: one row per registered backend, the cell kinds it runs."""
+    import recurrl.modules  # noqa: F401  (registers the linear cell kinds)
+    from recurrl.functional.recurrent import RECURRENT_BACKEND_REGISTRY, backend_refusal
+    from recurrl.functional.recurrent.cell import CELL_KINDS
+
+    kinds = list(CELL_KINDS)
+    rows = [
+        "| backend | what it is | "
+        + " | ".join(f"`{k}`" for k in kinds)
+        + ' | `recurrent_recompute="full"` |',
+        "|---|---|" + "---|" * (len(kinds) + 1),
+    ]
+    for name, entry in RECURRENT_BACKEND_REGISTRY.items():
+        runs = ["yes" if backend_refusal(name, k) is None else "no" for k in kinds]
+        rows.append(
+            f"| `{name}` | {entry.summary or '-'} | "
+            + " | ".join(runs)
+            + f" | {'yes' if entry.recompute else 'no'} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def generated_memories() -> str:
+    """The memory table: one row per ``--memory`` name, its module and cell kind."""
+    from recurrl.modules.registry import FEED_FORWARD, MEMORY_REGISTRY
+
+    rows = ["| `--memory` | module | cell kind | state keys (trainer) |", "|---|---|---|---|"]
+    for name, entry in MEMORY_REGISTRY.items():
+        states = ", ".join(f"`<trunk>_{s}`" for s in entry.state_suffixes)
+        rows.append(f"| `{name}` | `{entry.module.__name__}` | `{entry.cell}` | {states} |")
+    rows.append(f"| `{FEED_FORWARD}` | (an MLP trunk, no memory) | - | - |")
+    return "\n".join(rows) + "\n"
+
+
+def generated_auto_rule() -> str:
+    """``auto``'s rule: the paragraphs of :func:`resolve_backend`'s docstring before its
+    examples, where the rule is written once."""
+    from recurrl.functional.recurrent import resolve_backend
+
+    doc = inspect.cleandoc(resolve_backend.__doc__ or "")
+    body = doc.split("\n\n", 1)[1].split("Examples:", 1)[0].strip()
+    paragraphs = [" ".join(p.split()) for p in body.split("\n\n")]
+    return "\n\n".join(_rst_to_md(p) for p in paragraphs) + "\n"
+
+
+#: What each generated block holds, by the name in its opening comment.
+GENERATORS = {
+    "backends": generated_backends,
+    "memories": generated_memories,
+    "auto-rule": generated_auto_rule,
+}
+
+
+def _stale_generated(text: str, where: str) -> list[tuple[str, str, str]]:
+    """(name, written, current) for each generated block of ``text`` that is out of date."""
+    stale = []
+    for match in _GENERATED.finditer(text):
+        name, written = match.group(1), match.group(2)
+        if name not in GENERATORS:
+            raise ValueError(
+                f"{where}: unknown generated block {name!r}; known: {list(GENERATORS)}"
+            )
+        current = GENERATORS[name]()
+        if written != current:
+            stale.append((name, written, current))
+    return stale
+
+
+def _pages() -> list[Path]:
+    return sorted(p for p in ROOT.joinpath("docs").rglob("*.md") if "_build" not in p.parts)
+
+
+def check_generated(app) -> None:
+    """Warn for each generated block whose registry says otherwise now."""
+    for path in _pages():
+        for name, _, _ in _stale_generated(path.read_text(), str(path)):
+            logger.warning(
+                f"{path.relative_to(ROOT)}: its generated {name!r} block is not what the "
+                f"registries give now; Fix: run `python docs/conf.py --update`"
+            )
+
+
+def update_generated() -> None:
+    """Rewrite the generated blocks with what the registries give now."""
+    for path in _pages():
+        text = path.read_text()
+        stale = _stale_generated(text, str(path))
+        for name, written, current in stale:
+            head = f"<!-- generated: {name} -->\n"
+            text = text.replace(head + written, head + current, 1)
+        if stale:
+            path.write_text(text)
+            print(f"{path.relative_to(ROOT)}: " + ", ".join(name for name, *_ in stale))
 
 
 _ROWS_FROM = re.compile(r"^<!-- rows from (\S+) -->$", re.M)
@@ -633,10 +750,15 @@ def setup(app) -> dict[str, object]:
     app.connect("builder-inited", check_docstrings)
     app.connect("builder-inited", check_help_texts)
     app.connect("builder-inited", check_copied_rows)
+    app.connect("builder-inited", check_generated)
     return {"parallel_read_safe": True}
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--update-help"]:
-        sys.exit("usage: python docs/conf.py --update-help   (rewrite the guides' --help texts)")
+    if sys.argv[1:] not in (["--update"], ["--update-help"]):
+        sys.exit(
+            "usage: python docs/conf.py --update   (rewrite the guides' --help texts and the "
+            "blocks generated from the registries)"
+        )
     update_help_texts()
+    update_generated()

@@ -115,7 +115,7 @@ def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
     sweep.add_argument(
         "--backends", nargs="+", choices=list(recurrent_backend_names()), default=None,
         help="run every seed under each of these --recurrent-backend values (default: the "
-        "one of the train options, pad)",
+        "train options' own, auto unless given)",
     )  # fmt: skip
     sweep.add_argument(
         "--ray", action="store_true",

@@ -198,6 +198,8 @@ class RecurrentBackend:
         no_recompute_reason: said when recompute is asked of a backend that cannot.
         check: ``check(options, python_based, device, cfg) -> None``, extra checks raised at
             construction (e.g. ``triton``'s availability), or ``None``.
+        summary: one line saying what the backend is, for the generated tables of the
+            documentation (``docs/guides/recurrent_mode.md``).
     """
 
     name: str
@@ -207,6 +209,7 @@ class RecurrentBackend:
     recompute: bool = True
     no_recompute_reason: str = ""
     check: Callable[..., None] | None = None
+    summary: str = ""
 
 
 #: Every backend by name; ``"auto"`` is resolved by :func:`resolve_backend` before lookup.
@@ -683,12 +686,32 @@ register_recurrent_backend(
     RecurrentBackend(
         "pad", _pad, _pad_refuses, per_step_states=False, recompute=False,
         no_recompute_reason="the fused torch kernels manage their own backward memory.",
+        summary="torch's fused kernels (cuDNN, oneDNN) on the pieces between restarts, "
+        "padded into one call",
     )
 )  # fmt: skip
-register_recurrent_backend(RecurrentBackend("scan", _scan, lambda kind, python_based: None))
 register_recurrent_backend(
-    RecurrentBackend("triton", _triton, _triton_refuses, check=_triton_check)
-)
-register_recurrent_backend(RecurrentBackend("assoc", _assoc, assoc_refuses))
-register_recurrent_backend(RecurrentBackend("cpp", _cpp, cpp_refuses, check=cpp_check))
+    RecurrentBackend(
+        "scan", _scan, lambda kind, python_based: None,
+        summary="a loop over time of the cell's step, the stored state selected at restarts",
+    )
+)  # fmt: skip
+register_recurrent_backend(
+    RecurrentBackend(
+        "triton", _triton, _triton_refuses, check=_triton_check,
+        summary="recurrl's fused CUDA kernel (the whole sequence, restarts inside)",
+    )
+)  # fmt: skip
+register_recurrent_backend(
+    RecurrentBackend(
+        "assoc", _assoc, assoc_refuses,
+        summary="a parallel (associative) scan over time, for linear-recurrent cells",
+    )
+)  # fmt: skip
+register_recurrent_backend(
+    RecurrentBackend(
+        "cpp", _cpp, cpp_refuses, check=cpp_check,
+        summary="recurrl's fused C++ loop over time on CPU (compiled on first use)",
+    )
+)  # fmt: skip
 _DEFAULT_OPTIONS = RecurrentOptions()
