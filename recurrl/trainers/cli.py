@@ -1,4 +1,4 @@
-"""The ``recurrl`` command: ``recurrl train``, ``recurrl eval`` and ``recurrl sweep``.
+"""The ``recurrl`` command: ``recurrl train``, ``eval``, ``sweep`` and ``bench``.
 
 The ``train`` options are generated from the config dataclasses of
 :mod:`recurrl.trainers.config` (one option per field, its docstring as help); the command
@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from recurrl.trainers.bench import add_bench_parser, run_bench
 from recurrl.trainers.checkpoint import CHECKPOINT
 from recurrl.trainers.config import (
     ALGOS,
@@ -55,6 +56,7 @@ from recurrl.trainers.errors import UsageError
 from recurrl.trainers.evaluate import CONFIG, evaluate, load_config, require_checkpoint
 from recurrl.trainers.plugins import load_plugins
 from recurrl.trainers.run_lock import lock_run_dir
+from recurrl.trainers.suites import Recipe, recipe_for
 from recurrl.trainers.sweep import add_sweep_parser, run_sweep, split_train_argv
 
 __all__ = ["build_parser", "config_from_args", "main"]
@@ -125,13 +127,13 @@ def _add_fields(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``recurrl`` argument parser (``train``, ``eval``, ``sweep`` and ``build-ext``
-    subcommands)."""
+    """The ``recurrl`` argument parser (its subcommands: ``train``, ``eval``, ``sweep``,
+    ``bench``, ``build-ext`` and the others registered below)."""
     parser = argparse.ArgumentParser(
         prog="recurrl", description="Train and evaluate recurrent RL policies."
     )
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="{train,eval,sweep,build-ext}"
+        dest="command", required=True, metavar="{train,eval,sweep,bench,build-ext}"
     )
     train = sub.add_parser(
         "train",
@@ -169,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sample", action="store_true", help="sample actions instead of the most likely one"
     )
     add_sweep_parser(sub)
+    add_bench_parser(sub)
     ext = sub.add_parser(
         "build-ext",
         help="compile the C++ kernels of --recurrent-backend cpp ahead of time",
@@ -212,6 +215,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if saved and algo != saved["algo"]:  # before the merge: the sections would not fit
         raise UsageError(_conflict_message(resume, [("algo", saved["algo"], algo)]))
     data["algo"] = algo
+    recipe, defaults = (None, {}) if saved else _recipe_defaults(options, data, algo)
+    options = {**defaults, **options}  # a resumed run keeps its saved (resolved) values
     top = {f.name for f in dataclasses.fields(TrainConfig)} - SECTIONS.keys()  # algo
     for dest, value in options.items():
         if dest in top:
@@ -242,7 +247,44 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     try:
         return TrainConfig.from_dict(data)
     except (TypeError, ValueError) as err:  # the config's own checks: the user's options
-        raise UsageError(str(err)) from err
+        note = f" (with the {recipe.name} recipe's defaults: {_shown_all(defaults)})" if (
+            recipe and defaults) else ""  # fmt: skip
+        raise UsageError(f"{err}{note}") from err
+
+
+def _recipe_defaults(
+    options: dict[str, Any], data: dict[str, Any], algo: str
+) -> tuple[Recipe | None, dict[str, Any]]:
+    """The recipe of the run's env family (:func:`~recurrl.trainers.suites.recipe_for`) and
+    its options for ``algo`` that the command line does not set (argparse dest -> value)."""
+    recipe = recipe_for(options.get(f"env{_SEP}env", data["env"]["env"]))
+    argv = recipe.train_options(algo) if recipe is not None else ()
+    if recipe is None or not argv:
+        return recipe, {}
+    try:
+        parsed = vars(build_parser().parse_args(["train", *argv]))
+    except SystemExit as err:  # argparse printed what is wrong
+        raise UsageError(
+            f"the {recipe.name} recipe's options {' '.join(argv)} are not valid `recurrl "
+            f"train` options (above). Fix: correct its register_recipe call."
+        ) from err
+    return recipe, {k: v for k, v in parsed.items() if _SEP in k and k not in options}
+
+
+def _shown_all(options: dict[str, Any]) -> str:
+    return " ".join(_shown(k, v) for k, v in options.items())
+
+
+def _say_recipe(args: argparse.Namespace, cfg: TrainConfig) -> None:
+    """One line naming the per-env defaults a new run took from its family's recipe."""
+    data = {"env": {"env": cfg.env.env}}
+    recipe, defaults = _recipe_defaults(vars(args), data, cfg.algo)
+    if recipe is not None and defaults:
+        print(
+            f"recurrl train: {cfg.env.env} takes the {recipe.name} recipe's defaults: "
+            f"{_shown_all(defaults)} (options given on the command line win)",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
 
 
 def _ray_options(options: dict[str, Any], data: dict[str, Any]) -> None:
@@ -443,6 +485,8 @@ def _train(args: argparse.Namespace, signals: _Signals) -> int:
     cfg = config_from_args(args)
     _check_device(cfg.run.device)
     _check_backend(cfg)
+    if not args.resume:
+        _say_recipe(args, cfg)
     _say_rounded_frames(args, cfg)
     if args.resume:
         run_dir = Path(args.resume)
@@ -601,7 +645,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     train_argv: list[str] = []
-    if argv[:1] == ["sweep"]:  # `recurrl sweep [options] -- <recurrl train options>`
+    if argv[:1] in (["sweep"], ["bench"]):  # `recurrl sweep [options] -- <train options>`
         argv, train_argv = split_train_argv(argv)
     args = _parse(parser, argv)
     signals = _Signals()
@@ -609,6 +653,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with signals.installed(), _plain_warnings(f"recurrl {args.command}"):
             if args.command == "sweep":
                 return run_sweep(args, train_argv)
+            if args.command == "bench":
+                return run_bench(args, train_argv)
             if args.command == "build-ext":
                 return _build_ext(args)
             return _train(args, signals) if args.command == "train" else _eval(args)

@@ -99,7 +99,10 @@ class EnvConfig:
     or Pendulum-masked (Pendulum-v1, continuous actions, its angular velocity hidden).
     Dict, Tuple and image observations are accepted (vectors concatenated, uint8 HxWxC
     images through a small CNN, text entries dropped); actions Discrete, or with ppo
-    MultiDiscrete (one categorical per entry) or Box."""
+    MultiDiscrete (one categorical per entry) or Box. Families have their own defaults (a
+    recipe: popgym-* trains with --reward-scale 1 --obs-scale 1, MiniGrid-* with the fast
+    MiniGrid recipe; the list: recurrl.trainers.suites.RECIPES), applied under the options
+    given and saved in config.json."""
     num_envs: int | None = None
     """Envs stepped together (a gymnasium SyncVectorEnv); None: the algorithm's default, 20
     for ppo (batches of 20 rows of 50 steps: more episodes per batch made the PPO recipe hold

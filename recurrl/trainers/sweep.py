@@ -92,14 +92,7 @@ def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
         "--memory gru --frames 50000`. Running the same command again finishes what is "
         "missing.",
     )
-    sweep.add_argument(
-        "--seeds", nargs="+", default=["0-4"], metavar="SEED",
-        help="seeds: numbers and inclusive ranges, e.g. 0-9 or 0 1 2 (default: 0-4)",
-    )  # fmt: skip
-    sweep.add_argument(
-        "--jobs", type=int, default=None,
-        help="runs at a time, one CPU core each (default: the number of cores)",
-    )  # fmt: skip
+    _add_run_options(sweep, seeds="0-4", runs="the seeds")
     sweep.add_argument(
         "--out", default=None,
         help="directory of the runs and the summary (default: sweeps/<env>-<algo>-<memory>)",
@@ -109,20 +102,33 @@ def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
         help="a run succeeds when its greedy evaluation return reaches this (default: 450)",
     )  # fmt: skip
     sweep.add_argument(
-        "--eval-episodes", type=int, default=20,
-        help="greedy evaluation episodes per run (default: 20)",
-    )  # fmt: skip
-    sweep.add_argument(
         "--backends", nargs="+", choices=list(recurrent_backend_names()), default=None,
         help="run every seed under each of these --recurrent-backend values (default: the "
         "train options' own, auto unless given)",
     )  # fmt: skip
-    sweep.add_argument(
+    return sweep
+
+
+def _add_run_options(parser: argparse.ArgumentParser, *, seeds: str, runs: str) -> None:
+    """``--seeds`` (default ``seeds``), ``--jobs``, ``--eval-episodes`` and ``--ray``: the
+    options of a command that trains many runs (``sweep``, ``bench``); ``runs`` names them."""
+    parser.add_argument(
+        "--seeds", nargs="+", default=[seeds], metavar="SEED",
+        help=f"seeds: numbers and inclusive ranges, e.g. 0-9 or 0 1 2 (default: {seeds})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--jobs", type=int, default=None,
+        help=f"runs at a time over {runs}, one CPU core each (default: the number of cores)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--eval-episodes", type=int, default=20,
+        help="greedy evaluation episodes per run (default: 20)",
+    )  # fmt: skip
+    parser.add_argument(
         "--ray", action="store_true",
-        help="run the seeds as Ray tasks (one CPU each) on a new local Ray cluster, or in the "
+        help=f"run {runs} as Ray tasks (one CPU each) on a new local Ray cluster, or in the "
         "Ray session this process already has (needs the ray extra)",
     )  # fmt: skip
-    return sweep
 
 
 @dataclasses.dataclass
@@ -134,10 +140,20 @@ class _Run:
     frames: int
     state: str = "new"  # new, resume, done; after running: done, failed, interrupted
     error: str | None = None
+    label: str | None = None  # printed name when runs of several sweeps run together
 
     @property
     def name(self) -> str:
         return self.run_dir.name
+
+    @property
+    def title(self) -> str:
+        return self.label or self.name
+
+    @property
+    def logs(self) -> Path:
+        """The sweep's log directory (``OUT/logs``: the run directory is ``OUT/<name>``)."""
+        return self.run_dir.parent / "logs"
 
 
 def split_train_argv(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -148,16 +164,20 @@ def split_train_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv[:i], argv[i + 1 :]
 
 
+def _refuse_own(train_argv: list[str], own: Sequence[str], message: str) -> None:
+    """A :class:`UsageError` (``message`` with ``{flag}``) for the first option of ``own``
+    in ``train_argv``: one the command sets per run itself."""
+    for flag in train_argv:
+        if flag.split("=")[0] in own:
+            raise UsageError(message.format(flag=flag.split("=")[0]))
+
+
 def _plan(args: argparse.Namespace, train_argv: list[str]) -> tuple[Path, list[_Run]]:
     from recurrl.trainers.cli import build_parser, config_from_args
 
-    for flag in train_argv:
-        if flag.split("=")[0] in _OWN:
-            raise UsageError(
-                f"recurrl sweep sets {flag.split('=')[0]} of every run itself; received it "
-                f"after --. Fix: drop it (seeds: --seeds, evaluation: --eval-episodes, "
-                f"directory: --out)."
-            )
+    _refuse_own(train_argv, _OWN, "recurrl sweep sets {flag} of every run itself; received "
+                "it after --. Fix: drop it (seeds: --seeds, evaluation: --eval-episodes, "
+                "directory: --out).")  # fmt: skip
     if args.backends and any(f.split("=")[0] == "--recurrent-backend" for f in train_argv):
         raise UsageError(
             "--backends and --recurrent-backend (after --) both set the recurrent backend. "
@@ -326,7 +346,7 @@ def _job_sync(cmds: list[list[str]], logs: str, name: str, cwd: str) -> tuple[in
     return 0, ""
 
 
-def _run_ray(runs: list[_Run], out: Path, jobs: int, episodes: int) -> int | None:
+def _run_ray(runs: list[_Run], jobs: int, episodes: int) -> int | None:
     """:func:`_run_jobs` with every run's commands as one Ray task."""
     try:
         import ray
@@ -335,8 +355,6 @@ def _run_ray(runs: list[_Run], out: Path, jobs: int, episodes: int) -> int | Non
             '--ray needs Ray, which is not installed. Fix: pip install "recurrl[ray]" (or drop '
             "--ray)."
         ) from err
-    logs = (out / "logs").resolve()
-    logs.mkdir(parents=True, exist_ok=True)
     started = not ray.is_initialized()
     if started:  # always a new local cluster, never one found on the machine
         ray.init(address="local", num_cpus=jobs, include_dashboard=False, logging_level=30)
@@ -344,7 +362,7 @@ def _run_ray(runs: list[_Run], out: Path, jobs: int, episodes: int) -> int | Non
     refs: dict[Any, _Run] = {}
     with _signal_flag() as stop:
         try:
-            _ray_loop(ray, task, runs, refs, logs, episodes, stop)
+            _ray_loop(ray, task, runs, refs, episodes, stop)
         except KeyboardInterrupt as err:  # SIGINT / SIGTERM, seen between two ray.wait
             for ref in refs:
                 ray.cancel(ref)  # the task stops its child at a checkpoint (see _job_sync)
@@ -381,15 +399,17 @@ def _signal_flag() -> Any:
             signal.signal(s, handler)
 
 
-def _ray_loop(ray: Any, task: Any, runs: list[_Run], refs: dict[Any, _Run], logs: Path,
-              episodes: int, stop: list[int]) -> None:  # fmt: skip
+def _ray_loop(ray: Any, task: Any, runs: list[_Run], refs: dict[Any, _Run], episodes: int,
+              stop: list[int]) -> None:  # fmt: skip
     """Submit the runs' tasks and collect them; raise :class:`_Stop` on a signal."""
     for r in runs:
         cmds = _commands(r, episodes)
         if not cmds:
-            print(f"{r.name}: done, skipped", flush=True)
+            print(f"{r.title}: done, skipped", flush=True)
             continue
-        print(f"{r.name}: submitted ({r.state})", flush=True)
+        print(f"{r.title}: submitted ({r.state})", flush=True)
+        logs = r.logs.resolve()
+        logs.mkdir(parents=True, exist_ok=True)
         refs[task.remote(cmds, str(logs), r.name, os.getcwd())] = r
     while refs:
         if stop:
@@ -398,37 +418,38 @@ def _ray_loop(ray: Any, task: Any, runs: list[_Run], refs: dict[Any, _Run], logs
         for ref in ready:
             run = refs.pop(ref)
             rc, tail = ray.get(ref)
-            _finish(run, rc, tail, logs / f"{run.name}.err")
+            _finish(run, rc, tail, run.logs / f"{run.name}.err")
 
 
 def _finish(run: _Run, rc: int, tail: str, err_path: Path) -> None:
     if rc == 0:
         run.state = "done"
-        print(f"{run.name}: finished", flush=True)
+        print(f"{run.title}: finished", flush=True)
         return
     run.state = "failed"
     run.error = f"exit status {rc}:\n{tail}"
     print(
-        f"{run.name} (seed {run.seed}, backend {run.backend}) failed with exit status {rc}; "
+        f"{run.title} (seed {run.seed}, backend {run.backend}) failed with exit status {rc}; "
         f"the end of its stderr ({err_path}):\n{tail}", file=sys.stderr, flush=True,
     )  # fmt: skip
 
 
-def _run_jobs(runs: list[_Run], out: Path, jobs: int, episodes: int) -> int | None:
-    """Run the missing commands; the signal number when interrupted, else None."""
-    logs = out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    pending = [_Job(r, c, logs) for r in runs if (c := _commands(r, episodes))]
+def _run_jobs(runs: list[_Run], jobs: int, episodes: int) -> int | None:
+    """Run the missing commands, ``jobs`` at a time over all ``runs`` (of one sweep or of
+    several); the signal number when interrupted, else None."""
+    for logs in dict.fromkeys(r.logs for r in runs):
+        logs.mkdir(parents=True, exist_ok=True)
+    pending = [_Job(r, c, r.logs) for r in runs if (c := _commands(r, episodes))]
     for r in runs:
         if not any(j.run is r for j in pending):
-            print(f"{r.name}: done, skipped", flush=True)
+            print(f"{r.title}: done, skipped", flush=True)
     active: list[_Job] = []
     try:
         while pending or active:
             while pending and len(active) < jobs:
                 job = pending.pop(0)
                 verb = {"new": "training", "resume": "resuming", "done": "evaluating"}
-                print(f"{job.run.name}: {verb[job.run.state]}", flush=True)
+                print(f"{job.run.title}: {verb[job.run.state]}", flush=True)
                 job.start_next()
                 active.append(job)
             time.sleep(0.1)
@@ -597,17 +618,29 @@ def run_sweep(args: argparse.Namespace, train_argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     jobs = args.jobs or os.cpu_count() or 1
     print(f"sweep: {len(runs)} run(s) in {out}, {jobs} at a time", flush=True)
-    signum = (_run_ray if args.ray else _run_jobs)(runs, out, jobs, args.eval_episodes)
-    summary = _summarize(runs, out, args, train_argv)
+    signum = _execute(runs, jobs, args.eval_episodes, ray=args.ray)
+    _summarize(runs, out, args, train_argv)
     print(f"summary: {out / 'summary.md'}", flush=True)
+    return _exit_status(runs, signum, "recurrl sweep")
+
+
+def _execute(runs: list[_Run], jobs: int, episodes: int, *, ray: bool) -> int | None:
+    """Train and evaluate what ``runs`` miss (of one sweep or of several), ``jobs`` at a time
+    or as Ray tasks; the signal number when interrupted, else None."""
+    return (_run_ray if ray else _run_jobs)(runs, jobs, episodes)
+
+
+def _exit_status(runs: list[_Run], signum: int | None, prog: str) -> int:
+    """0, 1 (a run failed) or ``128 + signum``, with the line that says what is missing."""
     if signum is not None:
-        print(f"interrupted; run the same command again to finish: {', '.join(summary['missing'])}",
+        missing = [f"{r.title} ({r.state})" for r in runs if r.state != "done"]
+        print(f"interrupted; run the same command again to finish: {', '.join(missing)}",
               file=sys.stderr)  # fmt: skip
         return 128 + signum
     failed = [r for r in runs if r.state == "failed"]
     if failed:
-        names = ", ".join(f"seed {r.seed} ({r.backend})" for r in failed)
-        print(f"recurrl sweep: {len(failed)} run(s) failed: {names}; the summary covers the "
+        names = ", ".join(r.label or f"seed {r.seed} ({r.backend})" for r in failed)
+        print(f"{prog}: {len(failed)} run(s) failed: {names}; the summary covers the "
               f"{len(runs) - len(failed)} finished run(s).", file=sys.stderr)  # fmt: skip
         return 1
     return 0

@@ -61,14 +61,16 @@ def test_help_shows_field_docstrings(capsys):
         main(["train", "--help"])
     assert info.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "--memory {lstm,gru,mingru,lru,none}" in out
+    from recurrl.modules.registry import memory_names
+
+    assert f"--memory {{{','.join([*memory_names(), 'none'])}}}" in out  # the registry's list
     assert "a feed-forward MLP baseline without memory" in out
     assert "--resume RUN_DIR" in out
 
 
 def test_bad_choice_and_bad_config_exit_with_usage(capsys):
     with pytest.raises(SystemExit) as info:
-        main(["train", "--memory", "transformer"])
+        main(["train", "--memory", "tcn"])
     assert info.value.code == 2
     capsys.readouterr()
     # the config's own check, a usage error (an explicit batch: frames must fit it)

@@ -126,7 +126,7 @@ def test_popgym_multi_discrete_envs_are_accepted_by_ppo_only():
 @pytest.mark.parametrize(
     ("make", "match"),
     [
-        (lambda: ModelConfig(memory="transformer"), "memory must be"),
+        (lambda: ModelConfig(memory="tcn"), "memory must be"),
         (lambda: ModelConfig(hidden_size=0), "hidden_size"),
         (lambda: EnvConfig(num_envs=0), "num_envs"),
         (lambda: PPOConfig(gamma=1.5), "gamma"),

@@ -1,0 +1,257 @@
+"""Benchmark suites and per-family recipes: the one list of tasks and of their train options.
+
+A :class:`Recipe` is what a family of tasks trains with: the ``recurrl train`` options of
+each algorithm (popgym: ``--reward-scale 1 --obs-scale 1``), the range of an episode's
+return (for a normalized score) and where both came from. ``recurrl train --env ID`` applies
+the recipe of ``ID``'s family (:func:`recipe_for`) as its defaults, under the options the
+user gives; the resolved values are saved in the run's ``config.json``.
+
+A :class:`Suite` is a named list of env ids with a frame budget per task: what ``recurrl
+bench SUITE`` runs (:mod:`recurrl.trainers.bench`), each task with its family's recipe.
+:func:`register_recipe` and :func:`register_suite` add entries (e.g. from a plugin).
+
+Examples:
+    >>> recipe_for("popgym-RepeatPreviousEasy-v0").name
+    'popgym'
+    >>> recipe_for("popgym-RepeatPreviousEasy-v0").train_options("ppo")
+    ('--reward-scale', '1', '--obs-scale', '1')
+    >>> recipe_for("minigrid:MiniGrid-MemoryS7-v0").name, recipe_for("CartPole-v1")
+    ('minigrid', None)
+    >>> len(SUITES["popgym-easy"].tasks), SUITES["popgym-easy"].frames
+    (14, 100000)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from collections.abc import Mapping
+
+__all__ = [
+    "RECIPES",
+    "SUITES",
+    "Recipe",
+    "Suite",
+    "recipe_for",
+    "register_recipe",
+    "register_suite",
+    "suite_frames",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """The training defaults of a family of tasks.
+
+    Args:
+        name: the family's name (a key of :data:`RECIPES`).
+        patterns: ``fnmatch`` patterns of the env ids it applies to, matched against the id
+            and against its part after ``module:`` (``minigrid:MiniGrid-MemoryS7-v0``).
+        options: algorithm (``"ppo"``, ``"dqn"``) -> ``recurrl train`` options, e.g.
+            ``("--reward-scale", "1")``; an algorithm without an entry keeps its defaults.
+            Never ``--env``, ``--memory``, ``--frames`` or ``--seed``: those belong to a run.
+        returns: ``(low, high)``, the range of an episode's return, for the normalized score
+            ``(return - low) / (high - low)``; None: no normalized score.
+        source: where the options and the range come from (a doc, a measurement).
+    """
+
+    name: str
+    patterns: tuple[str, ...]
+    options: Mapping[str, tuple[str, ...]]
+    returns: tuple[float, float] | None
+    source: str
+
+    def __post_init__(self) -> None:
+        own = {"--env", "--memory", "--frames", "--seed", "--run-dir", "--resume"}
+        for algo, argv in self.options.items():
+            bad = [a for a in argv if a.split("=")[0] in own]
+            if bad:
+                raise ValueError(
+                    f"Recipe {self.name!r}: the {algo} options set {bad}, which a run sets "
+                    f"itself. Fix: drop them from the recipe."
+                )
+        if self.returns is not None and not self.returns[0] < self.returns[1]:
+            raise ValueError(
+                f"Recipe {self.name!r}: returns must be (low, high) with low < high, "
+                f"received {self.returns}."
+            )
+
+    def matches(self, env_id: str) -> bool:
+        """Whether ``env_id`` belongs to this family.
+
+        Examples:
+            >>> RECIPES["minigrid"].matches("MiniGrid-MemoryS9-v0")
+            True
+        """
+        name = env_id.rpartition(":")[2]
+        return any(fnmatch.fnmatchcase(i, p) for p in self.patterns for i in (env_id, name))
+
+    def train_options(self, algo: str) -> tuple[str, ...]:
+        """The ``recurrl train`` options of ``algo`` (empty: its defaults)."""
+        return tuple(self.options.get(algo, ()))
+
+    def score(self, value: float) -> float | None:
+        """``value`` (a return) normalized by :attr:`returns`; None without a range.
+
+        Examples:
+            >>> RECIPES["popgym"].score(0.5)
+            0.75
+        """
+        if self.returns is None:
+            return None
+        low, high = self.returns
+        return (value - low) / (high - low)
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    """A named list of tasks (env ids) and the frame budget of each run.
+
+    Args:
+        name: the suite's name (a key of :data:`SUITES`, ``recurrl bench NAME``).
+        tasks: env ids, each as ``recurrl train --env`` takes it.
+        frames: frames of every run of the suite (``recurrl bench --frames`` overrides).
+        description: one line for ``recurrl bench --help``.
+        source: where the tasks and the budget come from.
+    """
+
+    name: str
+    tasks: tuple[str, ...]
+    frames: int
+    description: str
+    source: str
+
+    def __post_init__(self) -> None:
+        if not self.tasks or len(set(self.tasks)) != len(self.tasks):
+            raise ValueError(f"Suite {self.name!r}: expected distinct tasks, got {self.tasks}.")
+        if self.frames < 1:
+            raise ValueError(f"Suite {self.name!r}: frames must be >= 1, got {self.frames}.")
+
+    def recipes(self) -> dict[str, Recipe | None]:
+        """Task -> its family's recipe (None: ``recurrl train``'s defaults)."""
+        return {task: recipe_for(task) for task in self.tasks}
+
+
+#: family name -> recipe, in lookup order (the first that matches an id wins)
+RECIPES: dict[str, Recipe] = {}
+#: suite name -> suite
+SUITES: dict[str, Suite] = {}
+
+
+def register_recipe(recipe: Recipe) -> Recipe:
+    """Add ``recipe`` to :data:`RECIPES` (a name already there is refused).
+
+    Examples:
+        >>> r = register_recipe(Recipe("toy", ("Toy-*",), {"ppo": ("--epochs", "2")},
+        ...                            (0.0, 1.0), "a doctest"))
+        >>> recipe_for("Toy-v0") is r
+        True
+        >>> del RECIPES["toy"]
+    """
+    if recipe.name in RECIPES:
+        raise ValueError(f"register_recipe: {recipe.name!r} is already registered.")
+    RECIPES[recipe.name] = recipe
+    return recipe
+
+
+def register_suite(suite: Suite) -> Suite:
+    """Add ``suite`` to :data:`SUITES` (a name already there is refused).
+
+    Examples:
+        >>> s = register_suite(Suite("toy", ("CartPole-masked",), 2000, "one task", "a test"))
+        >>> SUITES["toy"].frames
+        2000
+        >>> del SUITES["toy"]
+    """
+    if suite.name in SUITES:
+        raise ValueError(f"register_suite: {suite.name!r} is already registered.")
+    SUITES[suite.name] = suite
+    return suite
+
+
+def recipe_for(env_id: str) -> Recipe | None:
+    """The recipe of ``env_id``'s family (the first of :data:`RECIPES` that matches), or
+    None (the ``recurrl train`` defaults, tuned on CartPole-masked)."""
+    return next((r for r in RECIPES.values() if r.matches(env_id)), None)
+
+
+def suite_frames(task: str) -> int | None:
+    """The frame budget of the first registered suite that holds ``task``, or None.
+
+    Examples:
+        >>> suite_frames("popgym-AutoencodeHard-v0"), suite_frames("CartPole-v1")
+        (100000, None)
+    """
+    return next((s.frames for s in SUITES.values() if task in s.tasks), None)
+
+
+# --- the families -------------------------------------------------------------------------
+register_recipe(Recipe(
+    "popgym", ("popgym-*",),
+    {"ppo": ("--reward-scale", "1", "--obs-scale", "1"), "dqn": ("--reward-scale", "1")},
+    returns=(-1.0, 1.0),
+    source="benchmarks/learning/popgym_table.py and popgym_envs.py (PPO; the DQN runs of "
+    "benchmarks/learning/README.md, 'Recurrent DQN on two popgym tasks'): popgym's per-step "
+    "rewards are already small (1/48, 1/200, ...), so the default --reward-scale 0.1 would "
+    "shrink the value targets further, and its observations (one-hot cards, values in "
+    "[-1, 1]) need no CartPole-masked x10 --obs-scale (DQN's default is 1 already). Returns: "
+    "popgym scales each task's rewards so an episode's return lies in [-1, 1] (README, "
+    "'popgym table', Scale).",
+))  # fmt: skip
+register_recipe(Recipe(
+    "minigrid", ("MiniGrid-*",),
+    {"ppo": ("--image-encoder", "flat", "--reward-scale", "1", "--num-envs", "512", "--epochs",
+             "2", "--num-minibatches", "8")},
+    returns=(0.0, 1.0),
+    source="docs/guides/fast_recipes.md, section MiniGrid (its command minus --memory gru): "
+    "the flat encoder (1/100 of the CNN's cost per frame), rewards at most 1 left unscaled, "
+    "512 envs x 50 steps in 2 epochs of 8 minibatches. Returns: MiniGrid pays 1 - 0.9 t / "
+    "max_steps on success, else 0.",
+))  # fmt: skip
+register_recipe(Recipe(
+    "cartpole-masked", ("CartPole-masked",), {}, returns=(0.0, 500.0),
+    source="recurrl train's defaults were tuned on it (PPOConfig's docstring); returns: 1 "
+    "per step, at most 500 steps.",
+))  # fmt: skip
+register_recipe(Recipe(
+    "pendulum-masked", ("Pendulum-masked",), {}, returns=(-200 * 16.2736044, 0.0),
+    source="recurrl train's defaults; returns: Pendulum-v1's per-step reward in [-16.27, 0] "
+    "over its 200 steps (the normalized score is popgym's PositionOnlyPendulum scale, "
+    "mapped to [0, 1]).",
+))  # fmt: skip
+
+# --- the suites -----------------------------------------------------------------------------
+#: popgym 1.0.7's 14 families (``popgym.envs.ALL_EASY`` and its Medium / Hard siblings), in
+#: that dict's order; written out so that a suite is known without popgym installed
+#: (tests/trainers/test_suites.py checks the list against popgym where it is installed)
+POPGYM_FAMILIES = (
+    "Autoencode", "RepeatPrevious", "RepeatFirst", "CountRecall", "PositionOnlyCartPole",
+    "PositionOnlyPendulum", "VelocityOnlyCartpole", "NoisyPositionOnlyCartPole",
+    "NoisyPositionOnlyPendulum", "MultiarmedBandit", "HigherLower", "Battleship",
+    "Concentration", "MineSweeper",
+)  # fmt: skip
+_POPGYM_BUDGET = (
+    "100k frames per run: the budget of benchmarks/learning/popgym_table.py (measured on the "
+    "Easy tasks, 25-60 s per run on one core), about 1% of the POPGym paper's 15M"
+)
+for _level in ("Easy", "Medium", "Hard"):
+    register_suite(Suite(
+        f"popgym-{_level.lower()}",
+        tuple(f"popgym-{family}{_level}-v0" for family in POPGYM_FAMILIES),
+        frames=100_000,
+        description=f"popgym's 14 {_level} tasks (pip install \"recurrl[popgym]\")",
+        source=f"popgym.envs.ALL_{_level.upper()} (popgym 1.0.7); {_POPGYM_BUDGET}"
+        + ("" if _level == "Easy" else " (not measured on this level)"),
+    ))  # fmt: skip
+#: the Memory rooms recurrl's torch env steps (MiniGridMemoryEnv)
+MINIGRID_MEMORY = ("S7", "S9", "S11", "S13", "S13Random", "S17Random")
+register_suite(Suite(
+    "minigrid-memory",
+    tuple(f"minigrid:MiniGrid-Memory{size}-v0" for size in MINIGRID_MEMORY),
+    frames=2_000_000,
+    description="MiniGrid's Memory rooms, the ones recurrl steps as a torch env (pip install "
+    '"recurrl[minigrid]")',
+    source="the Memory tasks of MiniGridMemoryEnv (docs/guides/fast_recipes.md, MiniGrid); "
+    "2M frames: the budget of that page's sweep of the recipe (105-145 s per run on one core; "
+    "it did not learn the memory yet)",
+))  # fmt: skip

@@ -1,0 +1,124 @@
+"""The suites and recipes registry, and the per-env defaults `recurrl train` takes from it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from recurrl.trainers import suites
+from recurrl.trainers.cli import _say_recipe, build_parser
+from recurrl.trainers.suites import (
+    RECIPES,
+    SUITES,
+    Recipe,
+    Suite,
+    recipe_for,
+    register_recipe,
+    register_suite,
+    suite_frames,
+)
+
+from ._helpers import parse_train
+
+POPGYM = "popgym-RepeatPreviousEasy-v0"
+
+
+def test_popgym_suites_hold_popgyms_fourteen_families_per_level():
+    for level in ("easy", "medium", "hard"):
+        tasks = SUITES[f"popgym-{level}"].tasks
+        assert len(tasks) == 14 and all(t.endswith(f"{level.title()}-v0") for t in tasks)
+    assert "popgym-VelocityOnlyCartpoleEasy-v0" in SUITES["popgym-easy"].tasks  # popgym's case
+    assert SUITES["popgym-easy"].frames == 100_000 and suite_frames(POPGYM) == 100_000
+    assert all(recipe_for(t).name == "popgym" for t in SUITES["popgym-hard"].tasks)
+
+
+def test_popgym_suites_are_popgyms_own_lists_and_resolve():
+    envs = pytest.importorskip("popgym.envs")
+    gymnasium = pytest.importorskip("gymnasium")
+    for level, table in (("easy", envs.ALL_EASY), ("medium", envs.ALL_MEDIUM),
+                         ("hard", envs.ALL_HARD)):  # fmt: skip
+        assert list(SUITES[f"popgym-{level}"].tasks) == [v["id"] for v in table.values()]
+    for task in SUITES["popgym-easy"].tasks:
+        env = gymnasium.make(task)
+        env.close()
+
+
+def test_minigrid_memory_suite_ids_resolve():
+    pytest.importorskip("minigrid")
+    import gymnasium
+
+    for task in SUITES["minigrid-memory"].tasks:
+        assert gymnasium.spec(task.partition(":")[2]).id == task.partition(":")[2]
+        assert recipe_for(task).name == "minigrid"
+
+
+def test_recipes_and_suites_refuse_bad_entries():
+    with pytest.raises(ValueError, match=r"set \['--memory'\].*Fix: drop"):
+        Recipe("x", ("X-*",), {"ppo": ("--memory", "gru")}, None, "test")
+    with pytest.raises(ValueError, match="low < high"):
+        Recipe("x", ("X-*",), {}, (1.0, 1.0), "test")
+    with pytest.raises(ValueError, match="already registered"):
+        register_recipe(RECIPES["popgym"])
+    with pytest.raises(ValueError, match="already registered"):
+        register_suite(SUITES["popgym-easy"])
+    with pytest.raises(ValueError, match="distinct tasks"):
+        Suite("x", ("A", "A"), 10, "", "")
+
+
+def test_the_defaults_differ_by_env_family():
+    cart = parse_train()
+    assert (cart.ppo.reward_scale, cart.ppo.obs_scale, cart.env.num_envs) == (0.1, 10.0, 20)
+    pop = parse_train("--env", POPGYM)
+    assert (pop.ppo.reward_scale, pop.ppo.obs_scale, pop.env.num_envs) == (1.0, 1.0, 20)
+    # DQN: the recipe's dqn options only (its obs_scale default is 1 already)
+    dqn = parse_train("--algo", "dqn", "--env", POPGYM)
+    assert (dqn.dqn.reward_scale, dqn.dqn.obs_scale, dqn.env.num_envs) == (1.0, 1.0, 8)
+
+
+def test_the_minigrid_recipe():
+    pytest.importorskip("minigrid")
+    cfg = parse_train("--env", "minigrid:MiniGrid-MemoryS7-v0")
+    got = (cfg.model.image_encoder, cfg.ppo.reward_scale, cfg.env.num_envs, cfg.ppo.epochs,
+           cfg.ppo.num_minibatches, cfg.model.memory)  # fmt: skip
+    assert got == ("flat", 1.0, 512, 2, 8, "lstm")  # the memory stays the user's choice
+
+
+def test_user_options_win_over_the_recipe():
+    cfg = parse_train("--env", POPGYM, "--reward-scale", "0.5")
+    assert (cfg.ppo.reward_scale, cfg.ppo.obs_scale) == (0.5, 1.0)
+    cfg = parse_train("--env", POPGYM, "--obs-scale", "10", "--reward-scale", "0.1")
+    assert (cfg.ppo.reward_scale, cfg.ppo.obs_scale) == (0.1, 10.0)
+
+
+def test_a_resumed_run_keeps_its_saved_values_when_the_recipe_changes(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    saved = parse_train("--env", POPGYM, "--run-dir", str(run_dir))
+    (run_dir / "config.json").write_text(json.dumps(saved.to_dict()))
+    changed = dataclasses.replace(RECIPES["popgym"], options={"ppo": ("--reward-scale", "3")})
+    monkeypatch.setitem(suites.RECIPES, "popgym", changed)
+    assert parse_train("--env", POPGYM).ppo.reward_scale == 3.0  # a new run: the new recipe
+    resumed = parse_train("--resume", str(run_dir), "--frames", "100000")
+    assert (resumed.ppo.reward_scale, resumed.ppo.obs_scale) == (1.0, 1.0)  # as saved
+    # a run saved before recipes existed (the CartPole-masked defaults) resumes unchanged too
+    old = parse_train("--env", POPGYM, "--reward-scale", "0.1", "--obs-scale", "10")
+    (run_dir / "config.json").write_text(json.dumps(old.to_dict()))
+    assert parse_train("--resume", str(run_dir)).ppo.reward_scale == 0.1
+
+
+def test_a_new_run_names_the_recipe_it_takes(capsys):
+    args = build_parser().parse_args(["train", "--env", POPGYM, "--obs-scale", "2"])
+    _say_recipe(args, parse_train("--env", POPGYM, "--obs-scale", "2"))
+    err = capsys.readouterr().err
+    assert "popgym recipe" in err and "--reward-scale 1.0" in err and "--obs-scale" not in err
+    args = build_parser().parse_args(["train"])
+    _say_recipe(args, parse_train())
+    assert capsys.readouterr().err == ""  # CartPole-masked: the defaults themselves
+
+
+def test_env_help_says_families_have_defaults():
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    env = next(a for a in train._actions if "--env" in a.option_strings)
+    assert "recipe" in env.help and "RECIPES" in env.help
