@@ -360,7 +360,8 @@ def generated_memories() -> str:
     rows = ["| `--memory` | module | cell kind | state keys (trainer) |", "|---|---|---|---|"]
     for name, entry in MEMORY_REGISTRY.items():
         states = ", ".join(f"`<trunk>_{s}`" for s in entry.state_suffixes)
-        rows.append(f"| `{name}` | `{entry.module.__name__}` | `{entry.cell}` | {states} |")
+        cell = f"`{entry.cell}`" if entry.cell else "- (attention)"  # no cell kind: attention
+        rows.append(f"| `{name}` | `{entry.module.__name__}` | {cell} | {states} |")
     rows.append(f"| `{FEED_FORWARD}` | (an MLP trunk, no memory) | - | - |")
     return "\n".join(rows) + "\n"
 

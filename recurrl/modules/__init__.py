@@ -25,6 +25,7 @@ from recurrl.modules.nets import GRU, LSTM, GRUCell, LSTMCell
 from recurrl.modules.recurrent import RecurrentModule
 from recurrl.modules.recurrent_mode import recurrent_mode, set_recurrent_mode
 from recurrl.modules.registry import MEMORY_REGISTRY, memory_names, register_memory
+from recurrl.modules.transformer import TransformerModule
 from recurrl.modules.utils import get_env_transforms_from_module, get_primers_from_module
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "RecurrentMatmulPrecision",
     "RecurrentMatmulPrecisionUserMode",
     "RecurrentModule",
+    "TransformerModule",
     "get_env_transforms_from_module",
     "get_primers_from_module",
     "get_recurrent_matmul_precision",

@@ -8,7 +8,7 @@ new memory is one module file and one :func:`register_memory` call.
 Examples:
     >>> from recurrl.modules.registry import memory_names, MEMORY_REGISTRY
     >>> sorted(memory_names())
-    ['gru', 'lru', 'lstm', 'mingru']
+    ['gru', 'lru', 'lstm', 'mingru', 'transformer']
     >>> MEMORY_REGISTRY["lstm"].state_suffixes
     ('h', 'c')
 """
@@ -45,9 +45,21 @@ class Memory:
     state_suffixes: tuple[str, ...]
 
     @property
-    def cell(self) -> str:
-        """The cell kind the module runs (its ``RNNConfig.mode``)."""
+    def cell(self) -> str | None:
+        """The cell kind the module runs (its ``RNNConfig.mode``); ``None`` for a memory that
+        runs no cell kind (attention: :class:`~recurrl.modules.TransformerModule`)."""
         return self.module._mode
+
+    def backend_refusal(self, backend: str) -> str | None:
+        """Why this memory cannot run ``recurrent_backend=backend`` (``None`` if it can): the
+        module's own rule where it has one (``memory_backend_refusal``), else the one of the
+        cell kind's backends."""
+        own = getattr(self.module, "memory_backend_refusal", None)
+        if own is not None:
+            return own(backend)
+        from recurrl.functional.recurrent import backend_refusal
+
+        return backend_refusal(backend, self.cell)
 
 
 #: Every memory by name, in registration order (the built-ins: lstm, gru, mingru, lru).

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from recurrl.functional.recurrent import backend_refusal, recurrent_backend_names
+from recurrl.functional.recurrent import recurrent_backend_names
 from recurrl.modules.registry import FEED_FORWARD, MEMORY_REGISTRY, memory_names
 from recurrl.trainers._config_checks import (
     check_entries,
@@ -295,12 +295,11 @@ class ModelConfig:
                 f"of your own: register it in a module named by $RECURRL_PLUGINS."
             )
         if self.memory != FEED_FORWARD:
-            cell = MEMORY_REGISTRY[self.memory].cell
-            reason = backend_refusal(self.recurrent_backend, cell)
+            reason = MEMORY_REGISTRY[self.memory].backend_refusal(self.recurrent_backend)
             if reason is not None:
                 runs = [
                     m.name for m in MEMORY_REGISTRY.values()
-                    if backend_refusal(self.recurrent_backend, m.cell) is None
+                    if m.backend_refusal(self.recurrent_backend) is None
                 ]  # fmt: skip
                 other = f", or --memory {' / '.join(runs)}" if runs else ""
                 raise ValueError(

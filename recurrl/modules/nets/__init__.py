@@ -7,5 +7,6 @@ linear-recurrent cell kinds. All are exported by :mod:`recurrl.modules`.
 
 from recurrl.modules.nets.linear import LRU, MinGRU
 from recurrl.modules.nets.rnn import GRU, LSTM, GRUCell, LSTMCell
+from recurrl.modules.nets.transformer import GatedTransformer
 
-__all__ = ["GRU", "LRU", "LSTM", "GRUCell", "LSTMCell", "MinGRU"]
+__all__ = ["GRU", "LRU", "LSTM", "GRUCell", "GatedTransformer", "LSTMCell", "MinGRU"]
