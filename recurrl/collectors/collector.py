@@ -3,8 +3,10 @@ from step to step and from batch to batch, and yield fixed-size batches."""
 
 from __future__ import annotations
 
+import atexit
 import copy
 import math
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,15 +15,17 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from recurrl.collectors._policy_plan import plan_policy
+from recurrl.collectors._stack import stack_plain
 from recurrl.envs import EnvBase
+from recurrl.envs._torchrl import refuse_torchrl_env
 from recurrl.envs.transforms.from_module import (
     MissingPolicyTransformsError,
     register_policy_transforms,
 )
-from recurrl.envs.utils import count_true, tensordict_of_checked
+from recurrl.envs.utils import count_true
 from recurrl.modules import set_recurrent_mode
 
-__all__ = ["Collector", "MissingPolicyTransformsError"]
+__all__ = ["Collector", "MissingPolicyTransformsError", "SyncDataCollector"]
 
 TRAJ_KEY = ("collector", "traj_ids")
 # Steps are stacked by chunks of this many as they come: a whole batch of per-step
@@ -31,6 +35,25 @@ TRAJ_KEY = ("collector", "traj_ids")
 # copies every frame a second time, which with many envs cost as much as the stacking.
 _CHUNK_STEPS = 64
 Policy = Callable[[TensorDictBase], TensorDictBase | None]
+#: The background threads of started collectors, with their stop flags.
+_LIVE_THREADS: dict[threading.Thread, threading.Event] = {}
+#: How long the exit hook waits for a background thread to finish its batch.
+_EXIT_JOIN_TIMEOUT = 30.0
+
+
+@atexit.register
+def _stop_live_threads() -> None:
+    """Stop the threads of collectors nobody shut down, before the interpreter goes away.
+
+    They are daemon threads (a forgotten ``async_shutdown()`` must not keep a program
+    alive), and a daemon thread still inside torch when the interpreter finalizes aborts
+    the process ("terminate called without an active exception"). Exit hooks run while
+    daemon threads still run normally: each is asked to stop after its batch and awaited.
+    """
+    for stop in list(_LIVE_THREADS.values()):
+        stop.set()
+    for thread in list(_LIVE_THREADS):
+        thread.join(_EXIT_JOIN_TIMEOUT)
 
 
 class Collector:
@@ -49,6 +72,13 @@ class Collector:
 
     The policy runs in sequential mode (``set_recurrent_mode(False)``) under
     ``torch.no_grad()``, once per step.
+
+    **Writing into a replay buffer.** With ``replay_buffer=rb`` the collector extends
+    ``rb`` with every batch itself (the whole ``[*B, T]`` batch, exactly what iterating
+    would have yielded: recurrent state keys, ``is_init`` and trajectory ids included), and
+    iterating yields ``None`` once per batch. :meth:`start` does the same in a background
+    thread until :meth:`async_shutdown` (or ``total_frames``), while the caller samples
+    from ``rb``: recurrl's replay buffers lock ``extend`` and ``sample`` against each other.
 
     Args:
         env: an env (``batch_size`` ``[]`` or ``[N]``, e.g. a batched
@@ -90,6 +120,13 @@ class Collector:
             ``k``-th new trajectory gets ``traj_id_offset + traj_id_stride * k``. Collectors
             given the same stride ``S`` and distinct offsets ``0 <= s < S`` (as
             :class:`~recurrl.collectors.RayCollector` does) never share an id.
+        replay_buffer: an object with ``extend(td)`` (e.g. a
+            :class:`~recurrl.data.TensorDictReplayBuffer`) that the collector extends with
+            every batch; iterating then yields ``None`` per batch, and :meth:`start` is
+            allowed. :meth:`rollout` still returns the batch without writing it.
+        extend_buffer: only ``True`` (the default, the reference's too): the buffer is
+            extended with whole batches, row by row, so envs never interleave in it.
+            ``False`` (the reference's deprecated per-step ``add``) raises ``ValueError``.
 
     Attributes:
         env: the env actually stepped (possibly a ``TransformedEnv`` wrapping the given one).
@@ -135,15 +172,20 @@ class Collector:
         init_random_frames: int | None = None,
         traj_id_offset: int = 0,
         traj_id_stride: int = 1,
+        replay_buffer: Any = None,
+        extend_buffer: bool = True,
     ) -> None:
         _check_traj_id_layout(traj_id_offset, traj_id_stride)
+        _check_replay_buffer(replay_buffer, extend_buffer)
         if not isinstance(env, EnvBase):
+            refuse_torchrl_env(env, "Collector")  # an nn.Module, callable: not a factory
             if not callable(env):
                 raise TypeError(
                     f"Collector: expected an EnvBase or a callable returning one, received "
                     f"{type(env).__name__}. Fix: wrap gymnasium envs with recurrl.envs.GymEnv."
                 )
             env = env()
+            refuse_torchrl_env(env, "Collector (the env factory's result)")
             if not isinstance(env, EnvBase):
                 raise TypeError(
                     f"Collector: the env factory returned {type(env).__name__}, expected an "
@@ -200,6 +242,16 @@ class Collector:
         self._traj_ids: torch.Tensor | None = None
         self._root: TensorDictBase | None = None
         self._closed = False
+        self.replay_buffer = replay_buffer
+        self.extend_buffer = True
+        # background collection (start / async_shutdown)
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._thread_error: BaseException | None = None
+        self._error_reported = False
+        # held around every policy call and every weight update: an update lands between
+        # two steps of the background thread, never inside one
+        self._policy_lock = threading.Lock()
 
     # --- policy --------------------------------------------------------------------------
     def _policy_on_device(self, policy: Policy | None, own: bool = False) -> Policy | None:
@@ -222,7 +274,14 @@ class Collector:
                 (``TensorDict.from_module(policy)``). ``None``: the given policy's own
                 parameters, which is a no-op when the collector calls that policy itself
                 (it shares them) and refreshes the copy made for another ``device``.
+
+        While :meth:`start`'s thread runs, the copy happens between two of its steps.
         """
+        self._raise_thread_error()
+        with self._policy_lock:
+            self._update_policy_weights(weights)
+
+    def _update_policy_weights(self, weights: TensorDictBase | dict | None) -> None:
         if not isinstance(self.policy, nn.Module):
             if weights is not None:
                 raise TypeError(
@@ -246,11 +305,18 @@ class Collector:
         self.policy.load_state_dict(weights)
 
     # --- iteration -----------------------------------------------------------------------
-    def __iter__(self) -> Iterator[TensorDictBase]:
-        while self.total_frames == -1 or self.frames < self.total_frames:
-            if self._closed:
-                raise RuntimeError("Collector: iterating after shutdown(); build a new one.")
-            yield self.rollout()
+    def __iter__(self) -> Iterator[TensorDictBase | None]:
+        while not self._finished():
+            self._check_usable("iterating")
+            data = self._rollout()
+            if self.replay_buffer is None:
+                yield data
+            else:  # as the reference: the buffer gets the batch, the loop gets None
+                self.replay_buffer.extend(data)
+                yield None
+
+    def _finished(self) -> bool:
+        return self.total_frames != -1 and self.frames >= self.total_frames
 
     def __len__(self) -> int:
         if self.total_frames == -1:
@@ -298,9 +364,15 @@ class Collector:
         return out.to(self.env.device) if moved else out
 
     def rollout(self) -> TensorDictBase:
-        """Collect one batch (what iterating yields) and update the frame counter."""
-        if self._closed:
-            raise RuntimeError("Collector: rollout() after shutdown(); build a new one.")
+        """Collect one batch (what iterating yields) and update the frame counter.
+
+        The batch is returned, never written into ``replay_buffer`` (iterate, or
+        :meth:`start`, for that).
+        """
+        self._check_usable("rollout()")
+        return self._rollout()
+
+    def _rollout(self) -> TensorDictBase:
         env = self.env
         if self._root is None or self.reset_at_each_iter:
             self._root = self._start()
@@ -315,10 +387,13 @@ class Collector:
         # The usual policy composition called without tensordict's generic machinery (same
         # result; see _policy_plan), re-planned every batch in case the policy was edited.
         policy = plan_policy(self.policy) or self.policy
+        lock = self._policy_lock
         # One context for the whole batch, not one per step (it costs a few us each time).
         with torch.no_grad(), set_recurrent_mode(False):
             for _ in range(self._steps):
-                td = plan.step(self._act(root, random, policy))
+                with lock:
+                    acted = self._act(root, random, policy)
+                td = plan.step(acted)
                 steps.append(td)
                 ids.append(self._traj_ids)
                 done = plan.done(td)
@@ -369,6 +444,7 @@ class Collector:
 
         Random actions use torch's global RNG: seed it with ``torch.manual_seed``.
         """
+        self._refuse_while_running("set_seed()")
         return self.env.set_seed(seed)
 
     def state_dict(self) -> dict[str, Any]:
@@ -383,6 +459,7 @@ class Collector:
         subprocess) cannot be saved; see :meth:`load_state_dict`. Torch's global RNG (random
         actions) is not saved.
         """
+        self._refuse_while_running("state_dict()")
         policy = self.policy
         return {
             "frames": self.frames,
@@ -406,6 +483,7 @@ class Collector:
         (``traj_id_offset`` / ``traj_id_stride``) is restored too; state dicts without it
         load as 0 / 1.
         """
+        self._refuse_while_running("load_state_dict()")
         offset = int(state_dict.get("traj_id_offset", 0))
         stride = int(state_dict.get("traj_id_stride", 1))
         _check_traj_id_layout(offset, stride)
@@ -430,11 +508,180 @@ class Collector:
         With a subprocess env (``GymEnv(..., vectorization="async")``) it returns in bounded
         time even when a worker died or hangs: the workers are asked to close, then
         terminated, then killed (see :class:`~recurrl.envs.gym_vector.GymVecEnv`).
+        A background thread (:meth:`start`) is stopped first (after its current batch), and
+        an error it raised that was not reported yet is raised after the env is closed.
         """
+        self._stop_thread(None)
         if not self._closed:
             self._closed = True
             self._root = None
             self.env.close()
+        self._raise_thread_error()
+
+    # --- background collection ------------------------------------------------------------
+    def start(self) -> None:
+        """Collect in a background thread, extending ``replay_buffer`` with every batch.
+
+        The thread runs batch after batch (as iterating does) until :meth:`async_shutdown`
+        or ``total_frames``; meanwhile the caller samples from the buffer (its ``extend``
+        and ``sample`` take the buffer's lock; ``rb.write_count`` counts what was written)
+        and trains. A no-op while the thread already runs. A thread still running when the
+        program exits is stopped after its batch by an exit hook (which waits up to 30 s).
+
+        **Weights.** The thread calls :attr:`policy`: the policy you passed (unless
+        ``device=`` made a copy on another device), so parameters your optimizer updates in
+        place are used from the thread's next step on, with nothing to call. Such in-place
+        updates are not synchronized with the thread: a step taken while
+        ``optimizer.step()`` writes may read some old and some new parameters (as in
+        Hogwild-style training). :meth:`update_policy_weights_` is synchronized: it lands
+        between two steps. The recurrent mode is per thread, so the learner may run the same
+        policy in recurrent mode while the thread steps it in sequential mode.
+
+        **Errors.** An exception raised in the thread (by the env, the policy or the
+        buffer) ends the thread and is raised again, once, in the caller: by
+        :meth:`async_shutdown` / :meth:`shutdown`, or before that by the next of
+        :meth:`is_running`, :meth:`update_policy_weights_`, :meth:`start`,
+        :meth:`rollout`, iteration, :meth:`state_dict`, :meth:`load_state_dict` or
+        :meth:`set_seed`, whichever comes first (with a note saying it came from the
+        thread). The collector cannot go on after it; shut it down.
+
+        While the thread runs, :meth:`rollout`, iteration, :meth:`state_dict`,
+        :meth:`load_state_dict` and :meth:`set_seed` are refused (they would use the env
+        from two threads); ``async_shutdown(close_env=False)`` stops the thread and keeps
+        the collector usable.
+
+        Raises:
+            RuntimeError: no ``replay_buffer`` was given, or the collector was shut down.
+
+        Examples:
+            >>> import time
+            >>> from recurrl.data import LazyTensorStorage, ReplayBuffer
+            >>> from recurrl.testing import CountingEnv
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(100))
+            >>> collector = Collector(CountingEnv(batch_size=(2,), max_steps=3),
+            ...                       frames_per_batch=8, total_frames=24, replay_buffer=rb)
+            >>> collector.start()
+            >>> while collector.is_running():  # here: until total_frames (3 batches)
+            ...     time.sleep(0.01)
+            >>> collector.async_shutdown()  # would stop it after its current batch
+            >>> rb.write_count, collector.frames
+            (24, 24)
+        """
+        self._check_usable("start()", running_ok=True)
+        if self.replay_buffer is None:
+            raise RuntimeError(
+                "Collector.start: background collection writes into a replay buffer, and "
+                "this collector has none. Fix: Collector(env, policy, frames_per_batch=..., "
+                "replay_buffer=rb), then sample from rb while the thread collects."
+            )
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        # daemon: a program that forgets async_shutdown() still exits
+        self._thread = threading.Thread(
+            target=self._run, name=f"recurrl-{type(self).__name__}", daemon=True
+        )
+        _LIVE_THREADS[self._thread] = self._stop
+        self._thread.start()
+
+    def _run(self) -> None:
+        """The background thread: batches into the buffer until stopped or done."""
+        try:
+            while not self._stop.is_set() and not self._finished():
+                self.replay_buffer.extend(self._rollout())
+        except BaseException as err:  # raised again in the caller's thread
+            self._thread_error = err
+        finally:
+            _LIVE_THREADS.pop(threading.current_thread(), None)
+
+    def is_running(self) -> bool:
+        """Whether :meth:`start`'s thread is collecting (``False`` once it finished
+        ``total_frames`` or was stopped). Raises the thread's error if it failed (once)."""
+        self._raise_thread_error()
+        return self._thread is not None and self._thread.is_alive()
+
+    def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
+        """Stop :meth:`start`'s thread after its current batch, then shut down.
+
+        Idempotent, and safe without :meth:`start` (then it is :meth:`shutdown`).
+
+        Args:
+            timeout: seconds to wait for the thread to finish its batch (``None``: as long
+                as it takes). If it has not finished by then, ``TimeoutError`` is raised and
+                the env is left open (the thread still steps it); call again to finish.
+            close_env: ``True``: :meth:`shutdown` (close the env). ``False``: only stop
+                the thread; the collector stays usable (iterate, or :meth:`start` again),
+                and trajectories go on where the thread left them.
+
+        Raises:
+            the exception the thread raised, if it failed and that was not reported yet
+            (after the env is closed).
+        """
+        self._stop_thread(timeout)
+        if close_env:
+            self.shutdown()
+        else:
+            self._raise_thread_error()
+
+    def _stop_thread(self, timeout: float | None) -> None:
+        thread = self._thread
+        if thread is None:
+            return
+        if thread is threading.current_thread():
+            raise RuntimeError(
+                "Collector: the background thread cannot stop itself (a buffer or policy "
+                "called shutdown from inside the collection)."
+            )
+        self._stop.set()
+        thread.join(timeout)
+        if thread.is_alive():
+            raise TimeoutError(
+                f"Collector.async_shutdown: the background thread did not finish its batch "
+                f"within timeout={timeout} s; it stops after that batch. The env was left "
+                f"open (the thread still steps it). Fix: call async_shutdown() again, with "
+                f"a larger timeout or none."
+            )
+        self._thread = None
+
+    def _raise_thread_error(self) -> None:
+        """Raise the background thread's exception, the first time it is asked."""
+        err = self._thread_error
+        if err is None or self._error_reported:
+            return
+        self._error_reported = True
+        if self._thread is not None:
+            self._thread.join()  # it is ending: the exception was its last act
+            self._thread = None
+        if hasattr(err, "add_note"):  # Python >= 3.11
+            err.add_note(
+                "(raised in the Collector's background thread, started by start(); the "
+                "collector cannot go on: shut it down and build a new one)"
+            )
+        raise err
+
+    def _refuse_while_running(self, what: str) -> None:
+        self._raise_thread_error()
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError(
+                f"Collector: {what} while the background thread (start()) collects: it "
+                f"would use the env from two threads. Fix: collector.async_shutdown("
+                f"close_env=False) first (it stops the thread after its batch and keeps the "
+                f"collector usable); sample the collected data from the replay buffer."
+            )
+
+    def _check_usable(self, what: str, running_ok: bool = False) -> None:
+        if not running_ok:
+            self._refuse_while_running(what)
+        else:
+            self._raise_thread_error()
+        if self._thread_error is not None:
+            raise RuntimeError(
+                f"Collector: {what} after the background thread failed "
+                f"({self._thread_error!r}, raised earlier): its batch stopped midway. Fix: "
+                f"shut this collector down and build a new one."
+            )
+        if self._closed:
+            raise RuntimeError(f"Collector: {what} after shutdown(); build a new one.")
 
     def __enter__(self) -> Collector:
         return self
@@ -450,112 +697,8 @@ class Collector:
         )
 
 
-def _plain(td: object, batch: torch.Size, device: torch.device | None) -> bool:
-    """``td`` is an unlocked plain ``TensorDict`` of ``batch`` on ``device``, without dim
-    names."""
-    if (
-        type(td) is not TensorDict
-        or td._batch_size != batch
-        or td._device != device
-        or td._is_locked
-    ):
-        return False
-    names = td._td_dim_names  # what _maybe_names() reads, without its two calls
-    return names is None or all(name is None for name in names)
-
-
-def _layout(td: TensorDict, batch: torch.Size, device: torch.device | None) -> tuple | None:
-    """``(keys, ((key, layout), ...))``: the set of keys of ``td`` and the layouts of its
-    sub-TensorDicts, when ``td`` and each of them is :func:`_plain`; else ``None``."""
-    if not _plain(td, batch, device):
-        return None
-    entries = td._tensordict
-    subs = []
-    for key, value in entries.items():
-        if type(value) is not torch.Tensor:
-            sub = _layout(value, batch, device)
-            if sub is None:
-                return None
-            subs.append((key, sub))
-    return frozenset(entries), tuple(subs)
-
-
-def _matches(td: object, layout: tuple, batch: torch.Size, device: torch.device | None) -> bool:
-    """``td`` has ``layout`` (see :func:`_layout`); its leaves are checked when stacked."""
-    # _plain, inlined: this runs for every step of every batch
-    if (
-        type(td) is not TensorDict
-        or td._batch_size != batch
-        or td._device != device
-        or td._is_locked
-        or (td._td_dim_names is not None and not _plain(td, batch, device))
-    ):
-        return False
-    entries = td._tensordict
-    keys, subs = layout
-    if entries.keys() != keys:  # the same keys, in any order (as torch.stack takes them)
-        return False
-    return all(_matches(entries[key], sub, batch, device) for key, sub in subs)
-
-
-def _is_dense_type(value: object) -> bool:
-    return type(value) is torch.Tensor
-
-
-def _stacked_entries(tds: list[dict[str, Any]], dim: int) -> dict[str, Any] | None:
-    """``torch.stack`` of every leaf over the entries ``tds`` (of one layout), as a nested
-    dict; ``None`` where a leaf is not a dense tensor at every step."""
-    out: dict[str, Any] = {}
-    for key, value in tds[0].items():
-        values = [td[key] for td in tds]
-        if type(value) is torch.Tensor:
-            if not all(map(_is_dense_type, values)):
-                return None
-            stacked = torch.stack(values, dim)
-            if stacked.is_nested:
-                return None
-            out[key] = stacked
-        else:
-            sub = _stacked_entries([v._tensordict for v in values], dim)
-            if sub is None:
-                return None
-            out[key] = sub
-    return out
-
-
-def stack_plain(steps: list[TensorDictBase], dim: int) -> TensorDictBase | None:
-    """``torch.stack(steps, dim)`` for steps that are unlocked plain ``TensorDict`` s with
-    the same batch size, device and keys (nested ones included; ordered like the first
-    step's), without dim names (what a collector builds): each leaf is stacked with
-    ``torch.stack`` and the result built at once, without tensordict's per-key
-    bookkeeping (about half of the stacking's time). Returns ``None`` for anything else,
-    or where a leaf cannot be stacked, and the caller stacks with ``torch.stack``, which
-    raises its own errors.
-
-    Examples:
-        >>> steps = [TensorDict({"a": torch.full((2,), float(t))}, [2]) for t in range(3)]
-        >>> stack_plain(steps, 1)["a"]
-        tensor([[0., 1., 2.],
-                [0., 1., 2.]])
-    """
-    first = steps[0]
-    if type(first) is not TensorDict:
-        return None
-    batch, device = first._batch_size, first._device
-    layout = _layout(first, batch, device)
-    if layout is None or not 0 <= dim <= len(batch):
-        return None
-    for td in steps[1:]:
-        if not _matches(td, layout, batch, device):
-            return None
-    try:
-        entries = _stacked_entries([td._tensordict for td in steps], dim)
-    except RuntimeError:  # shapes or devices that do not stack: torch.stack's errors
-        return None
-    if entries is None:
-        return None
-    stacked = torch.Size((*batch[:dim], len(steps), *batch[dim:]))
-    return tensordict_of_checked(entries, stacked, device)
+#: The reference's older name of :class:`Collector` (the same class, not a subclass).
+SyncDataCollector = Collector
 
 
 def _policy_from_factory(policy: object, policy_factory: object) -> Policy:
@@ -578,6 +721,21 @@ def _policy_from_factory(policy: object, policy_factory: object) -> Policy:
             f"nor policy_factory."
         )
     return built
+
+
+def _check_replay_buffer(replay_buffer: object, extend_buffer: object) -> None:
+    if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
+        raise TypeError(
+            f"Collector: expected replay_buffer an object with extend(td) (e.g. "
+            f"recurrl.data.TensorDictReplayBuffer), received {type(replay_buffer).__name__}."
+        )
+    if extend_buffer is not True:
+        raise ValueError(
+            f"Collector: extend_buffer={extend_buffer!r} is not supported: the buffer is "
+            f"always extended with whole batches, row by row, so that the steps of different "
+            f"envs never interleave in it (the reference's per-step extend_buffer=False is "
+            f"deprecated there). Fix: drop extend_buffer."
+        )
 
 
 def _check_traj_id_layout(offset: object, stride: object) -> None:

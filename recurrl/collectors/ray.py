@@ -46,8 +46,9 @@ logger = logging.getLogger(__name__)
 SEED_STRIDE = 1_000_003
 #: Keys of the remote ``Collector`` that the RayCollector sets itself.
 _RESERVED_KWARGS = frozenset(
-    {"env", "policy", "frames_per_batch", "total_frames", "traj_id_offset", "traj_id_stride"}
-)
+    {"env", "policy", "frames_per_batch", "total_frames", "traj_id_offset", "traj_id_stride",
+     "replay_buffer"}  # RayCollector(replay_buffer=...): the worker's copy would keep the data
+)  # fmt: skip
 #: Actor start-up (process launch, env construction) is given at least this long.
 _MIN_START_TIMEOUT = 60.0
 #: Blocking waits are cut in slices this long so that signals (Ctrl-C) are handled.

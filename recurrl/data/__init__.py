@@ -15,6 +15,7 @@ from recurrl.data.samplers import (
     TapeSampler,
 )
 from recurrl.data.storages import LazyMemmapStorage, LazyTensorStorage, Storage
+from recurrl.data.utils import find_start_stop_traj
 from recurrl.data.writers import RoundRobinWriter, Writer
 
 # RayReplayBuffer is exported lazily (module __getattr__, not in __all__): importing
@@ -34,6 +35,7 @@ __all__ = [
     "TapeSampler",
     "TensorDictReplayBuffer",
     "Writer",
+    "find_start_stop_traj",
 ]
 
 

@@ -217,6 +217,12 @@ class RayReplayBuffer:
     def __len__(self) -> int:
         return self._call("length")
 
+    @property
+    def write_count(self) -> int:
+        """Steps ever written into the actor's buffer by every handle (past its capacity
+        too), as :attr:`ReplayBuffer.write_count`."""
+        return self._call("write_count")
+
     def extend(self, data: TensorDictBase) -> Tensor:
         """Write a ``[T]`` or ``[N, T]`` batch (``N`` envs, time last); return the
         ``[N * T]`` storage positions, as :meth:`TensorDictReplayBuffer.extend`."""
@@ -360,6 +366,9 @@ class _BufferActor:
 
     def length(self) -> int:
         return len(self.buffer)
+
+    def write_count(self) -> int:
+        return self.buffer.write_count
 
     def extend(self, data: TensorDictBase) -> Tensor:
         return self.buffer.extend(data)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -11,6 +13,7 @@ from tensordict.utils import NestedKey
 from torch import Tensor
 
 from recurrl.data._files import load_state_file
+from recurrl.data._prefetch import prefetch_barrier, prefetcher_for
 from recurrl.data.samplers.base import Sampler
 from recurrl.data.samplers.random import RandomSampler
 from recurrl.data.samplers.slice import MASK_KEY, SliceSampler
@@ -21,6 +24,19 @@ from recurrl.data.writers import RoundRobinWriter, Writer
 __all__ = ["ReplayBuffer", "TensorDictReplayBuffer"]
 
 _STATE_FILE = "buffer_state.pt"
+
+
+def _locked(method):
+    """Run ``method`` holding the buffer's lock: a collector thread's ``extend`` and the
+    learner's ``sample`` never see each other's half-done work (storage, writer cursor and
+    the sampler's trajectory tables are updated together)."""
+
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
 
 
 class ReplayBuffer:
@@ -54,6 +70,20 @@ class ReplayBuffer:
             then leaves the global stream alone, so runs that differ only in their replay
             draws share their network init and exploration noise; its state is saved with
             the sampler's (:meth:`state_dict`). Also settable later with :meth:`set_rng`.
+        prefetch: draw this many batches ahead in a background thread (``None`` or 0:
+            none), as the reference does: ``sample()`` returns the oldest queued batch and
+            queues another. Batches come in the same order as they are asked for, and each
+            holds the buffer's content at the ``sample()`` call that queued it (a batch never
+            sees a half-done write), so up to ``prefetch`` batches returned after an
+            ``extend`` do not hold the newest steps. A sampler drawing from torch's global
+            stream gets its own generator (seeded from that stream), so that a seeded run
+            stays reproducible. Not with samplers without replacement. The thread stops when
+            the buffer is garbage-collected (see ``recurrl/data/_prefetch.py``).
+
+    **Threads.** ``extend``, ``sample``, ``update_priority`` and the persistence methods
+    hold the buffer's (reentrant) lock, so a collector may extend the buffer from a
+    background thread (``Collector(..., replay_buffer=rb).start()``) while another thread
+    samples: every sample is drawn from a consistent state.
 
     Examples:
         >>> import torch
@@ -76,12 +106,15 @@ class ReplayBuffer:
         collate_fn: Callable[[TensorDictBase], TensorDictBase] | None = None,
         transform: Callable[[TensorDictBase], TensorDictBase] | None = None,
         generator: torch.Generator | None = None,
+        prefetch: int | None = None,
     ) -> None:
         if not isinstance(storage, Storage):
             raise TypeError(
                 f"{type(self).__name__}: expected storage to be a recurrl.data Storage (e.g. "
                 f"LazyTensorStorage(max_size)), received {type(storage).__name__}."
             )
+        self._lock = threading.RLock()
+        self._write_count = 0
         self.storage = storage
         self.sampler = sampler if sampler is not None else RandomSampler()
         self.writer = writer if writer is not None else RoundRobinWriter()
@@ -103,7 +136,14 @@ class ReplayBuffer:
                     "pass the generator to only one of them."
                 )
             self.set_rng(generator)
+        self._prefetcher = prefetcher_for(type(self).__name__, self.sampler, prefetch)
 
+    @property
+    def prefetch(self) -> int | None:
+        """How many batches are drawn ahead (``None``: none)."""
+        return None if self._prefetcher is None else self._prefetcher.depth
+
+    @prefetch_barrier(drop=True)
     def set_rng(self, generator: torch.Generator) -> None:
         """Make the sampler draw from ``generator`` (see ``generator`` in the class doc).
 
@@ -146,6 +186,7 @@ class ReplayBuffer:
         """The transforms applied to samples, in order."""
         return tuple(self._transforms)
 
+    @prefetch_barrier(drop=True)
     def append_transform(self, transform: Callable[[TensorDictBase], TensorDictBase], *,
                          invert: bool = False) -> ReplayBuffer:  # fmt: skip
         """Apply ``transform`` to every sample, after the transforms already added.
@@ -169,6 +210,7 @@ class ReplayBuffer:
         self._transforms.append(self._check_transform(transform, invert))
         return self
 
+    @prefetch_barrier(drop=True)
     def insert_transform(self, index: int,
                          transform: Callable[[TensorDictBase], TensorDictBase], *,
                          invert: bool = False) -> ReplayBuffer:  # fmt: skip
@@ -229,9 +271,32 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return len(self.storage)
 
-    def extend(self, data: TensorDictBase) -> Tensor:
+    @property
+    def write_count(self) -> int:
+        """How many steps were ever written: every ``extend`` / ``add`` counts its whole
+        batch (``N * T`` steps, also those past ``max_size``), so it only grows, unlike
+        ``len()``. Saved by :meth:`state_dict` and :meth:`dumps`.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from recurrl.data import LazyTensorStorage
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(4))
+            >>> _ = rb.extend(TensorDict({"x": torch.arange(6)}, [6]))
+            >>> len(rb), rb.write_count
+            (4, 6)
+        """
+        return self._write_count
+
+    @prefetch_barrier(drop=False)
+    @_locked
+    def extend(self, data: TensorDictBase, *, update_priority: bool | None = None) -> Tensor:
         """Write a ``[T]`` or ``[N, T]`` batch; return the ``[N * T]`` storage positions
-        (only the last ``max_size`` steps are kept if the batch is larger)."""
+        (only the last ``max_size`` steps are kept if the batch is larger).
+
+        ``update_priority`` (keyword, as the reference's): ``None`` / ``False`` have no
+        effect here; ``True`` raises (this class reads no priorities from data, see
+        :meth:`TensorDictReplayBuffer.extend`)."""
         if not isinstance(data, TensorDictBase) or data.batch_dims == 0:
             got = type(data).__name__ if not isinstance(data, TensorDictBase) else "batch_size []"
             raise TypeError(
@@ -253,7 +318,17 @@ class ReplayBuffer:
             row_start[0] = True
         index = self.writer.extend(self.storage, data)
         self.sampler.extend(self.storage, index, data, row_start)
+        self._write_count += n
+        self._extend_priority(data, index, update_priority)
         return index
+
+    def _extend_priority(self, data: TensorDictBase, index: Tensor, update: bool | None) -> None:
+        if update:
+            raise TypeError(
+                f"{type(self).__name__}.extend(update_priority=True): this buffer reads no "
+                "priorities from the data; fix: use TensorDictReplayBuffer(priority_key=...) "
+                "with a prioritized sampler, or drop update_priority."
+            )
 
     def add(self, data: TensorDictBase) -> int:
         """Write a single step (batch ``[]``); return its position."""
@@ -272,6 +347,16 @@ class ReplayBuffer:
                 f"{type(self).__name__}.sample: expected a batch_size, received none; fix: "
                 "pass sample(batch_size) or build the buffer with batch_size=."
             )
+        prefetcher = self.__dict__.get("_prefetcher")
+        if prefetcher is None:
+            data, info = self._draw_sample(batch_size)
+        else:  # not under the lock: the worker takes it to draw
+            data, info = prefetcher.get(self._draw_sample, batch_size)
+        return (data, info) if return_info else data
+
+    @_locked
+    def _draw_sample(self, batch_size: int) -> tuple[TensorDictBase, dict]:
+        """One batch and its info (``"index"`` included), drawn under the lock."""
         if _fused_marks(self.sampler):  # the same batch, the stored flags read once
             index, is_start, is_end, mask = self.sampler._draw(self.storage, batch_size)
             data = self.storage.get(index)
@@ -289,11 +374,13 @@ class ReplayBuffer:
             data = self.collate_fn(data)
         if self._transforms:
             data = self._apply_transforms(data)
-        return (data, {**info, "index": index}) if return_info else data
+        return data, {**info, "index": index}
 
     def _finish(self, data: TensorDictBase, index: Tensor) -> TensorDictBase:
         return data
 
+    @prefetch_barrier(drop=False)
+    @_locked
     def update_priority(self, index: Tensor, priority: Tensor | float) -> None:
         """Forward new priorities of sampled data to the sampler (e.g.
         :meth:`PrioritizedSliceSampler.update_priority
@@ -319,27 +406,47 @@ class ReplayBuffer:
                 return
 
     # -- persistence ---------------------------------------------------------------------
+    @prefetch_barrier(drop=False)
+    @_locked
     def state_dict(self) -> dict:
-        """Storage (data and counters), writer and sampler states."""
+        """Storage (data and counters), writer and sampler states, ``write_count``."""
         return {
             "storage": self.storage.state_dict(),
             "writer": self.writer.state_dict(),
             "sampler": self.sampler.state_dict(),
+            "write_count": self.write_count,
         }
 
+    @prefetch_barrier(drop=True)
+    @_locked
     def load_state_dict(self, state: dict) -> None:
         self.storage.load_state_dict(state["storage"])
         self.writer.load_state_dict(state["writer"])
         self.sampler.load_state_dict(state["sampler"])
+        # state dicts saved before write_count existed: what is stored, the best bound known
+        self._write_count = int(state.get("write_count", len(self.storage)))
 
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_lock"]  # a lock does not pickle (nor deep-copy); a copy gets its own
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
+    @prefetch_barrier(drop=False)
+    @_locked
     def dumps(self, path: str | Path) -> None:
         """Save the buffer under the directory ``path`` (the data as memory-mapped files);
         :meth:`loads` restores it bit for bit, sampler and writer state included."""
         path = Path(path)
         self.storage.dumps(path / "storage")
-        torch.save({"writer": self.writer.state_dict(), "sampler": self.sampler.state_dict()},
-                   path / _STATE_FILE)  # fmt: skip
+        torch.save({"writer": self.writer.state_dict(), "sampler": self.sampler.state_dict(),
+                    "write_count": self.write_count}, path / _STATE_FILE)  # fmt: skip
 
+    @prefetch_barrier(drop=True)
+    @_locked
     def loads(self, path: str | Path) -> None:
         """Restore what :meth:`dumps` saved (into a buffer built with the same components).
 
@@ -357,6 +464,7 @@ class ReplayBuffer:
         self.storage.loads(path / "storage")
         self.writer.load_state_dict(state["writer"])
         self.sampler.load_state_dict(state["sampler"])
+        self._write_count = int(state.get("write_count", len(self.storage)))
 
 
 def _fused_marks(sampler: Sampler) -> bool:
@@ -412,6 +520,60 @@ class TensorDictReplayBuffer(ReplayBuffer):
     def _finish(self, data: TensorDictBase, index: Tensor) -> TensorDictBase:
         data.set("index", index)
         return data
+
+    @_locked
+    def extend(self, data: TensorDictBase, *, update_priority: bool | None = None) -> Tensor:
+        """Write a ``[T]`` or ``[N, T]`` batch (see :meth:`ReplayBuffer.extend`) and, with a
+        prioritized sampler, set the written steps' priorities from ``priority_key``.
+
+        Args:
+            data: the steps.
+            update_priority: ``None`` (default): use ``data[priority_key]`` (one value per
+                step) when the data holds it and the sampler keeps priorities, else the
+                sampler's default for new data; ``True``: the same, but a missing key or a
+                sampler without priorities raises; ``False``: never.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from recurrl.data import LazyTensorStorage, PrioritizedSliceSampler
+            >>> sampler = PrioritizedSliceSampler(max_capacity=8, alpha=1.0, beta=1.0,
+            ...                                   slice_len=2, traj_key="episode")
+            >>> rb = TensorDictReplayBuffer(storage=LazyTensorStorage(8), sampler=sampler)
+            >>> data = TensorDict({"episode": torch.zeros(4, dtype=torch.long),
+            ...                    "td_error": torch.tensor([0.0, 0.0, 5.0, 0.0])}, [4])
+            >>> _ = rb.extend(data, update_priority=True)
+            >>> rb.sample(2)["index"].tolist()  # the only start with a priority above eps
+            [2, 3]
+        """
+        return super().extend(data, update_priority=update_priority)
+
+    def _extend_priority(self, data: TensorDictBase, index: Tensor, update: bool | None) -> None:
+        if update is False:
+            return
+        name = f"{type(self).__name__}.extend(update_priority={update})"
+        set_priority = getattr(self.sampler, "update_priority", None)
+        priority = data.get(self.priority_key, None)
+        if set_priority is None or priority is None:
+            if update:  # asked for explicitly: nothing may be dropped silently
+                missing = (
+                    f"the sampler {type(self.sampler).__name__} keeps no priorities"
+                    if set_priority is None
+                    else f"the data has no {self.priority_key!r} entry"
+                )
+                raise (TypeError if set_priority is None else KeyError)(
+                    f"{name}: {missing}; fix: use a prioritized sampler and write the "
+                    f"priorities under priority_key={self.priority_key!r}, or drop "
+                    "update_priority."
+                )
+            return
+        n = index.numel()
+        if priority.numel() != n:
+            raise ValueError(
+                f"{name}: expected one priority per written step ({n}), received "
+                f"{self.priority_key!r} of shape {tuple(priority.shape)}."
+            )
+        set_priority(index.reshape(n), priority.reshape(n))
 
     def update_tensordict_priority(self, data: TensorDictBase) -> None:
         """Update the priorities of a sample from its ``"index"`` and ``priority_key``

@@ -10,8 +10,11 @@ import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 from torch import nn
 
+from recurrl.envs._device_move import move_module
 from recurrl.envs._policy_arg import _EnvMeta
+from recurrl.envs._spec_base import _parse_to
 from recurrl.envs._step_plan import StepPlan
+from recurrl.envs._unbatched_specs import UnbatchedSpecs
 from recurrl.envs.specs import Categorical, Composite, TensorSpec, Unbounded
 from recurrl.envs.utils import (
     RESET_KEY,
@@ -32,7 +35,7 @@ _DONE_KEYS = ("done", "terminated", "truncated")
 Policy = Callable[[TensorDictBase], TensorDictBase | None]
 
 
-class EnvBase(nn.Module, metaclass=_EnvMeta):
+class EnvBase(UnbatchedSpecs, nn.Module, metaclass=_EnvMeta):
     """Base class of recurrl environments: batched TensorDicts in, TensorDicts out.
 
     Subclasses set their specs in ``__init__`` (after ``super().__init__``) and implement
@@ -74,6 +77,9 @@ class EnvBase(nn.Module, metaclass=_EnvMeta):
 
     batch_locked: bool = True
     """Inputs must have exactly ``env.batch_size`` (no extra or fewer batch dims)."""
+
+    _device_fixed: str | None = None
+    """Why :meth:`to` cannot move this env class (``None``: it can), named in its error."""
 
     def __init__(
         self, *, device: torch.device | str = "cpu", batch_size: Sequence[int] = ()
@@ -187,11 +193,21 @@ class EnvBase(nn.Module, metaclass=_EnvMeta):
 
     @property
     def done_spec(self) -> Composite:
-        """Composite of ``"done"``, ``"terminated"``, ``"truncated"`` (each ``[*B, 1]`` bool)."""
+        """Composite of ``"done"``, ``"terminated"``, ``"truncated"`` (each ``[*B, 1]`` bool).
+
+        Set it to a Composite of done keys, or to one leaf spec (e.g.
+        ``Categorical(2, shape=(*B, 1), dtype=torch.bool)``): a leaf describes ``"done"``
+        and is copied for ``"terminated"`` and ``"truncated"`` (the reference copies it for
+        ``"terminated"``; recurrl's step contract also fills ``"truncated"``).
+        """
         return self._get_spec("done")
 
     @done_spec.setter
-    def done_spec(self, spec: Composite) -> None:
+    def done_spec(self, spec: TensorSpec) -> None:
+        if isinstance(spec, TensorSpec) and not isinstance(spec, Composite):
+            spec = Composite(
+                {key: spec.clone() for key in _DONE_KEYS}, shape=self.batch_size
+            )
         self._set_spec("done", spec)
 
     full_done_spec = done_spec
@@ -691,10 +707,49 @@ class EnvBase(nn.Module, metaclass=_EnvMeta):
         )
 
     def to(self, *args: Any, **kwargs: Any) -> EnvBase:  # type: ignore[override]
-        raise NotImplementedError(
-            f"{type(self).__name__}.to: envs are not moved after construction; create the "
-            f"env with device=... instead."
-        )
+        """Move the env to ``device`` in place and return it (as the reference's
+        ``EnvBase.to``): its specs, the tensors it holds (plain attributes, lists / dicts
+        of tensors, parameters and buffers), its sub-envs and transforms.
+
+        Args:
+            device: a ``str``, ``int`` or ``torch.device`` (positional or ``device=``). A
+                dtype is refused: an env's dtypes are its specs', set one by one.
+
+        Examples:
+            >>> from recurrl.testing import CountingEnv
+            >>> env = CountingEnv(batch_size=(2,))
+            >>> env.to("cpu") is env
+            True
+            >>> env.reset()["observation"].device
+            device(type='cpu')
+        """
+        device, dtype = _parse_to(type(self).__name__, args, kwargs)
+        if dtype is not None:
+            raise TypeError(
+                f"{type(self).__name__}.to: expected a device, received dtype={dtype}; an env "
+                f"writes each key with its spec's dtype. Fix: set the spec you mean, e.g. "
+                f"env.observation_spec = spec (with the leaf .to({dtype}))."
+            )
+        if device is None or device == self.device:
+            return self
+        self._move_to(device)
+        return self
+
+    def _move_to(self, device: torch.device) -> None:
+        """Move everything the env holds to ``device``: sub-envs (their own ``to``), other
+        submodules (transforms: parameters, buffers, tensor attributes), then its own
+        tensors and specs. Override to move what lives elsewhere, calling
+        ``super()._move_to(device)``."""
+        if self._device_fixed is not None:
+            raise RuntimeError(
+                f"{type(self).__name__}.to({str(device)!r}): this env cannot move, "
+                f"{self._device_fixed}. Fix: build the env on the device you need, or move "
+                f"the data it returns (td.to(device))."
+            )
+        move_module(self, device)
+        self._device = device
+        self._specs = {name: spec.to(device) for name, spec in self._specs.items()}
+        self._version += 1
 
     def extra_repr(self) -> str:
         return f"batch_size={tuple(self.batch_size)}, device={self.device}"

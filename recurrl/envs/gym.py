@@ -279,6 +279,42 @@ def _make(env: str | gymnasium.Env, make_kwargs: dict[str, Any]) -> gymnasium.En
     )
 
 
+def _make_with_pixels(
+    env: str | gymnasium.Env, make_kwargs: dict[str, Any], pixels_only: bool
+) -> gymnasium.Env:
+    """The env with its rendered frame as a ``"pixels"`` entry of a ``Dict`` observation.
+
+    The state observation is kept under ``"observation"`` (the key GymEnv gives a
+    non-``Dict`` observation) unless ``pixels_only``.
+    """
+    if isinstance(env, str):
+        mode = make_kwargs.setdefault("render_mode", "rgb_array")
+        if mode != "rgb_array":
+            raise ValueError(
+                f"GymEnv(from_pixels=True): the frames come from env.render() with "
+                f"render_mode='rgb_array', received render_mode={mode!r}. Fix: drop "
+                f"render_mode (or pass 'rgb_array')."
+            )
+    made = _make(env, make_kwargs)
+    if made.render_mode != "rgb_array":
+        raise ValueError(
+            f"GymEnv(from_pixels=True): the env instance renders with render_mode="
+            f"{made.render_mode!r}; pixel observations need 'rgb_array'. Fix: "
+            f"gymnasium.make(id, render_mode='rgb_array'), or pass the id."
+        )
+    space = made.observation_space
+    if isinstance(space, spaces.Dict) and "pixels" in space.spaces:
+        raise ValueError(
+            "GymEnv(from_pixels=True): the env's Dict observation already has a 'pixels' "
+            "entry. Fix: use it as it is (from_pixels=False)."
+        )
+    wrappers = gymnasium.wrappers
+    pixels = wrappers.AddRenderObservation(
+        made, render_only=False, render_key="pixels", obs_key="observation"
+    )
+    return wrappers.FilterObservation(pixels, ["pixels"]) if pixels_only else pixels
+
+
 class _GymEnvMeta(_EnvMeta):
     """Metaclass of :class:`GymEnv`: ``GymEnv(id, num_envs=N)`` as an alias of the batched env.
 
@@ -293,6 +329,13 @@ class _GymEnvMeta(_EnvMeta):
         if cls is GymEnv:
             vector_given = bool(args) and isinstance(args[0], gymnasium.vector.VectorEnv)
             if kwargs.get("num_envs") is not None or vector_given:
+                if kwargs.get("from_pixels"):
+                    raise ValueError(
+                        "GymEnv(..., num_envs=N, from_pixels=True): pixel observations are "
+                        "built for one env (gymnasium's AddRenderObservation has no vector "
+                        "version). Fix: SerialEnv / ParallelEnv of N GymEnv(id, "
+                        "from_pixels=True) envs."
+                    )
                 batched = GymEnv._batched_class
                 if batched is None:
                     raise RuntimeError(
@@ -323,6 +366,13 @@ class GymEnv(EnvBase, metaclass=_GymEnvMeta):
         categorical_action_encoding: ``Discrete`` spaces become :class:`Categorical`
             integer indices (True) or :class:`OneHot` vectors (False).
         seed: optional seed for the first reset.
+        from_pixels: add the rendered frame as a ``"pixels"`` observation, uint8
+            ``[H, W, 3]`` (``Bounded`` in ``[0, 255]``), from ``env.render()`` after every
+            reset and step (gymnasium's ``AddRenderObservation``). The env is made with
+            ``render_mode="rgb_array"`` (an env instance must have it). Default False.
+        pixels_only: with ``from_pixels``, keep only ``"pixels"`` (True, the default, as
+            the reference) or also the state observation under ``"observation"`` (False; a
+            ``Dict`` observation space keeps its keys).
         num_envs: not an argument of this class: ``GymEnv(id, num_envs=N, ...)`` (the
             reference library's spelling) and ``GymEnv(vector_env, ...)`` are documented
             aliases of :class:`~recurrl.envs.GymVecEnv` ``(id, num_envs=N, ...)`` and
@@ -356,6 +406,14 @@ class GymEnv(EnvBase, metaclass=_GymEnvMeta):
         >>> sorted(env.reset().keys())
         ['done', 'is_init', 'observation', 'rs', 'terminated', 'truncated']
 
+        Pixel observations, with the state kept next to them:
+
+        >>> env = GymEnv("CartPole-v1", from_pixels=True, pixels_only=False)
+        >>> td = env.reset()
+        >>> td["pixels"].shape, td["pixels"].dtype, td["observation"].shape
+        (torch.Size([400, 600, 3]), torch.uint8, torch.Size([4]))
+        >>> env.close()
+
         The reference library's spelling of a batch of envs is an alias of ``GymVecEnv``:
 
         >>> env = GymEnv("CartPole-v1", num_envs=2)
@@ -367,6 +425,10 @@ class GymEnv(EnvBase, metaclass=_GymEnvMeta):
     #: The class ``GymEnv(id, num_envs=N)`` builds: the subclass declared with
     #: ``batched=True`` (:class:`~recurrl.envs.GymVecEnv`).
     _batched_class: ClassVar[type[GymEnv] | None] = None
+    #: whether a ``"pixels"`` observation is rendered (see ``from_pixels``)
+    from_pixels: bool = False
+    #: whether ``"pixels"`` is the only observation
+    pixels_only: bool = False
 
     def __init_subclass__(cls, batched: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -380,6 +442,8 @@ class GymEnv(EnvBase, metaclass=_GymEnvMeta):
         device: torch.device | str = "cpu",
         categorical_action_encoding: bool = True,
         seed: int | None = None,
+        from_pixels: bool = False,
+        pixels_only: bool = True,
         **make_kwargs: Any,
     ) -> None:
         if "num_envs" in make_kwargs and make_kwargs["num_envs"] is None:
@@ -392,8 +456,12 @@ class GymEnv(EnvBase, metaclass=_GymEnvMeta):
                 f"arguments of a batch of envs, and this class builds one env. Fix: "
                 f"GymVecEnv(id, num_envs=N, ...)."
             )
-        env = _make(env_name_or_instance, make_kwargs)
+        if from_pixels:
+            env = _make_with_pixels(env_name_or_instance, make_kwargs, pixels_only)
+        else:
+            env = _make(env_name_or_instance, make_kwargs)
         super().__init__(device=device, batch_size=())
+        self.from_pixels, self.pixels_only = bool(from_pixels), bool(pixels_only and from_pixels)
         self._env = env
         self._setup(env.observation_space, env.action_space, categorical_action_encoding, seed)
 

@@ -216,6 +216,8 @@ class ParallelEnv(_BatchedEnv):
         >>> env.close()
     """
 
+    _device_fixed = "its sub-envs run in worker processes that exchange CPU shared memory"
+
     def __init__(
         self,
         num_workers: int,

@@ -9,16 +9,24 @@ batch dims: in an env of ``batch_size=[N]`` the action spec of a two-action env 
 
 from __future__ import annotations
 
-import abc
-import copy
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase, unravel_key
 
-ShapeLike = int | Sequence[int] | torch.Size
-DeviceLike = torch.device | str | int | None
+from recurrl.envs._spec_base import (
+    DeviceLike,
+    ShapeLike,
+    TensorSpec,
+    _as_size,
+    _check_expand,
+    _ends_with,
+    _parse_shape_args,
+    _parse_to,
+    _squeezed_dims,
+    _unsqueezed_dim,
+)
 
 __all__ = [
     "Binary",
@@ -30,142 +38,6 @@ __all__ = [
     "TensorSpec",
     "Unbounded",
 ]
-
-
-def _as_size(shape: ShapeLike | None) -> torch.Size:
-    if shape is None:
-        return torch.Size([])
-    if isinstance(shape, int):
-        return torch.Size([shape])
-    return torch.Size([int(s) for s in shape])
-
-
-def _as_device(device: DeviceLike) -> torch.device:
-    return torch.device("cpu") if device is None else torch.device(device)
-
-
-def _parse_shape_args(shape: tuple[Any, ...]) -> torch.Size:
-    """Accept ``expand(4, 3)`` as well as ``expand((4, 3))`` / ``expand(torch.Size([4, 3]))``."""
-    if len(shape) == 1 and not isinstance(shape[0], int):
-        return _as_size(shape[0])
-    return _as_size(shape)
-
-
-def _check_expand(old: torch.Size, new: torch.Size, what: str) -> None:
-    if len(new) < len(old) or tuple(new[len(new) - len(old) :]) != tuple(old):
-        raise ValueError(
-            f"{what}.expand: expected a shape ending with {tuple(old)}, received {tuple(new)}. "
-            f"expand takes the full new shape (batch dims first), e.g. "
-            f"expand(4, {', '.join(str(s) for s in old)})."
-        )
-
-
-def _ends_with(shape: torch.Size, suffix: torch.Size) -> bool:
-    return len(shape) >= len(suffix) and tuple(shape[len(shape) - len(suffix) :]) == tuple(suffix)
-
-
-class TensorSpec(abc.ABC):
-    """Base class of the leaf specs: shape, dtype and device of one tensor.
-
-    Subclasses implement :meth:`_sample`, :meth:`_zero_value` and :meth:`_values_in`.
-
-    Args:
-        shape: the full shape of the tensor, env batch dims included.
-        device: where sampled tensors live (default: cpu).
-        dtype: dtype of the tensor.
-    """
-
-    def __init__(self, shape: ShapeLike, device: DeviceLike, dtype: torch.dtype) -> None:
-        self.shape = _as_size(shape)
-        self.device = _as_device(device)
-        self.dtype = dtype
-
-    @property
-    def ndim(self) -> int:
-        """Number of dims of :attr:`shape`."""
-        return len(self.shape)
-
-    def zero(self, shape: ShapeLike | None = None) -> torch.Tensor:
-        """The value of this spec closest to zero, of shape ``[*shape, *self.shape]``."""
-        return self._zero_value(torch.Size([*_as_size(shape), *self.shape]))
-
-    def rand(self, shape: ShapeLike | None = None) -> torch.Tensor:
-        """A random value (torch's global RNG) of shape ``[*shape, *self.shape]``."""
-        return self._sample(torch.Size([*_as_size(shape), *self.shape]))
-
-    def is_in(self, value: torch.Tensor) -> bool:
-        """Whether ``value`` has this dtype, a shape ending with :attr:`shape`, and valid values.
-
-        Leading extra dims are allowed so that stacked (e.g. ``[*B, T]``) data can be checked.
-        """
-        if not isinstance(value, torch.Tensor) or value.dtype != self.dtype:
-            return False
-        if not _ends_with(value.shape, self.shape):
-            return False
-        return bool(self._values_in(value))
-
-    def expand(self, *shape: Any) -> TensorSpec:
-        """A copy with batch dims prepended: ``shape`` is the full new shape.
-
-        The new shape must end with the current one (``Unbounded(3).expand(4, 3)``).
-        """
-        new_shape = _parse_shape_args(shape)
-        _check_expand(self.shape, new_shape, type(self).__name__)
-        out = self.clone()
-        out._set_shape(new_shape)
-        return out
-
-    def _set_shape(self, shape: torch.Size) -> None:
-        self.shape = shape
-
-    def to(self, device: DeviceLike) -> TensorSpec:
-        """A copy on ``device``."""
-        out = self.clone()
-        out._set_device(_as_device(device))
-        return out
-
-    def _set_device(self, device: torch.device) -> None:
-        self.device = device
-
-    def clone(self) -> TensorSpec:
-        """A deep copy."""
-        return copy.deepcopy(self)
-
-    def _extra_fields(self) -> tuple[Any, ...]:
-        return ()
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
-            return False
-        assert isinstance(other, TensorSpec)
-        if (self.shape, self.dtype, self.device) != (other.shape, other.dtype, other.device):
-            return False
-        for a, b in zip(self._extra_fields(), other._extra_fields(), strict=True):
-            same = torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
-            if not same:
-                return False
-        return True
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def _repr_extra(self) -> str:
-        return ""
-
-    def __repr__(self) -> str:
-        extra = self._repr_extra()
-        return (
-            f"{type(self).__name__}(shape={tuple(self.shape)}, dtype={self.dtype}, "
-            f"device={self.device}{', ' + extra if extra else ''})"
-        )
-
-    @abc.abstractmethod
-    def _sample(self, shape: torch.Size) -> torch.Tensor: ...
-
-    @abc.abstractmethod
-    def _zero_value(self, shape: torch.Size) -> torch.Tensor: ...
-
-    @abc.abstractmethod
-    def _values_in(self, value: torch.Tensor) -> bool | torch.Tensor: ...
 
 
 class Unbounded(TensorSpec):
@@ -265,6 +137,22 @@ class Bounded(TensorSpec):
     def _set_device(self, device: torch.device) -> None:
         self.device, self.low, self.high = device, self.low.to(device), self.high.to(device)
 
+    def _set_dtype(self, dtype: torch.dtype) -> None:
+        if not (dtype.is_floating_point or dtype.is_complex) and not bool(
+            torch.isfinite(self.low).all() and torch.isfinite(self.high).all()
+        ):
+            raise ValueError(
+                f"Bounded.to({dtype}): infinite bounds have no {dtype} value; fix: give "
+                f"finite bounds first, or use Unbounded(dtype={dtype})."
+            )
+        self.dtype, self.low, self.high = dtype, self.low.to(dtype), self.high.to(dtype)
+
+    def _map_shape(self, shape: torch.Size, tensor_fn: Any) -> Bounded:
+        out = self.clone()
+        out.low, out.high = tensor_fn(out.low).clone(), tensor_fn(out.high).clone()
+        out.shape = torch.Size(shape)
+        return out
+
     def _extra_fields(self) -> tuple[Any, ...]:
         return (self.low, self.high)
 
@@ -304,6 +192,13 @@ class Bounded(TensorSpec):
         return ((value >= low.to(value.device)) & (value <= high.to(value.device))).all()
 
 
+def _check_categorical_dtype(n: int, dtype: torch.dtype) -> None:
+    if dtype == torch.bool and n != 2:
+        raise ValueError(f"Categorical: dtype=torch.bool requires n=2, received n={n}.")
+    if dtype.is_floating_point or dtype.is_complex:
+        raise ValueError(f"Categorical: expected an integer or bool dtype, received {dtype}.")
+
+
 class Categorical(TensorSpec):
     """An integer index in ``[0, n)`` (no trailing one-hot dim).
 
@@ -333,12 +228,13 @@ class Categorical(TensorSpec):
     ) -> None:
         if int(n) < 1:
             raise ValueError(f"Categorical: expected n >= 1, received n={n}.")
-        if dtype == torch.bool and int(n) != 2:
-            raise ValueError(f"Categorical: dtype=torch.bool requires n=2, received n={n}.")
-        if dtype.is_floating_point:
-            raise ValueError(f"Categorical: expected an integer or bool dtype, received {dtype}.")
+        _check_categorical_dtype(int(n), dtype)
         super().__init__(shape, device, dtype)
         self.n = int(n)
+
+    def _set_dtype(self, dtype: torch.dtype) -> None:
+        _check_categorical_dtype(self.n, dtype)
+        self.dtype = dtype
 
     def _extra_fields(self) -> tuple[Any, ...]:
         return (self.n,)
@@ -398,6 +294,9 @@ class OneHot(TensorSpec):
     def _repr_extra(self) -> str:
         return f"n={self.n}"
 
+    def _event_ndim(self) -> int:
+        return 1
+
     def _encode(self, index: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.one_hot(index, self.n).to(self.dtype)
 
@@ -453,6 +352,9 @@ class MultiCategorical(TensorSpec):
     def _set_device(self, device: torch.device) -> None:
         self.device, self.nvec = device, self.nvec.to(device)
 
+    def _event_ndim(self) -> int:
+        return self.nvec.ndim
+
     def _extra_fields(self) -> tuple[Any, ...]:
         return (self.nvec,)
 
@@ -500,6 +402,9 @@ class Binary(TensorSpec):
             raise ValueError(f"Binary: expected a shape ending with n={n}, received {tuple(size)}.")
         super().__init__(size, device, dtype)
         self.n = int(size[-1])
+
+    def _event_ndim(self) -> int:
+        return 1
 
     def _extra_fields(self) -> tuple[Any, ...]:
         return (self.n,)
@@ -609,6 +514,8 @@ class Composite(TensorSpec):
             raise TypeError(
                 f"Composite: expected a TensorSpec for key {key!r}, received {type(spec).__name__}."
             )
+        if isinstance(spec, Composite) and spec.shape != self.shape:
+            spec = spec._adopt_batch(self.shape)
         if tuple(spec.shape[: len(self.shape)]) != tuple(self.shape):
             raise ValueError(
                 f"Composite of shape {tuple(self.shape)}: the spec for key {key!r} has shape "
@@ -724,6 +631,83 @@ class Composite(TensorSpec):
         self.device = device
         for key, spec in self._specs.items():
             self._specs[key] = spec.to(device)
+
+    def to(self, *args: Any, **kwargs: Any) -> Composite:
+        """A copy with every entry on ``device`` (``to(device)``; ``None`` leaves it as is).
+
+        A dtype is refused, as by the reference's Composite: its leaves hold different kinds
+        of values (flags, indices, floats) that no single dtype fits.
+
+        Examples:
+            >>> Composite(obs=Unbounded(3)).to("cpu").device
+            device(type='cpu')
+        """
+        device, dtype = _parse_to("Composite", args, kwargs)
+        if dtype is not None:
+            raise ValueError(
+                f"Composite.to: only a device can be given, received dtype={dtype}; fix: cast "
+                f"the leaves you mean, e.g. spec[key] = spec[key].to({dtype})."
+            )
+        out = self.clone()
+        if device is not None:
+            out._set_device(device)
+        return out
+
+    def _with_entries(self, shape: torch.Size, fn: Any) -> Composite:
+        out = Composite(shape=shape, device=self.device)
+        for key, spec in self._specs.items():
+            out._specs[key] = fn(spec)
+        return out
+
+    def unsqueeze(self, dim: int) -> Composite:
+        """A copy with a new batch dim of size 1 at ``dim``, in ``[-ndim - 1, ndim]`` (the
+        batch dims; every entry gets it at the same position).
+
+        Examples:
+            >>> spec = Composite(obs=Unbounded((2, 3)), shape=(2,)).unsqueeze(0)
+            >>> spec.shape, spec["obs"].shape
+            (torch.Size([1, 2]), torch.Size([1, 2, 3]))
+        """
+        pos = _unsqueezed_dim("Composite", self.shape, dim, self.ndim)
+        shape = torch.Size([*self.shape[:pos], 1, *self.shape[pos:]])
+        return self._with_entries(shape, lambda spec: spec.unsqueeze(pos))
+
+    def squeeze(self, dim: int | None = None) -> Composite:
+        """A copy without the size-1 batch dim ``dim`` (every size-1 batch dim if ``None``).
+
+        Examples:
+            >>> Composite(obs=Unbounded((1, 3)), shape=(1,)).squeeze(0)["obs"].shape
+            torch.Size([3])
+        """
+        n = self.ndim
+        if dim is None:
+            drop = [i for i in range(n) if self.shape[i] == 1]
+        else:
+            drop = _squeezed_dims("Composite", self.shape, dim, n) if n else []
+        out = self
+        for i in reversed(drop):
+            shape = torch.Size([s for j, s in enumerate(out.shape) if j != i])
+            out = out._with_entries(shape, lambda spec, i=i: spec.squeeze(i))
+        return out if drop else self.clone()
+
+    def _adopt_batch(self, shape: torch.Size) -> Composite:
+        """This Composite with batch ``shape`` when its own batch shape is a shorter prefix
+        of it and every leaf already starts with ``shape`` (a nested Composite written
+        without its parent's batch shape, ``Composite(obs=Composite(a=Unbounded((N, 3))),
+        shape=(N,))``); else ``self`` unchanged (the caller reports the mismatch)."""
+        n = len(shape)
+        if len(self.shape) >= n or tuple(shape[: len(self.shape)]) != tuple(self.shape):
+            return self
+        if not all(tuple(leaf.shape[:n]) == tuple(shape)
+                   for leaf in self.values(include_nested=True, leaves_only=True)):  # fmt: skip
+            return self
+        out = Composite(shape=shape, device=self.device)
+        for key, spec in self._specs.items():
+            out._specs[key] = spec._adopt_batch(shape) if isinstance(spec, Composite) else spec
+        return out
+
+    def _drop_leading(self, n: int) -> Composite:
+        return self._with_entries(self.shape[n:], lambda spec: spec._drop_leading(n))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Composite):

@@ -16,12 +16,20 @@ from recurrl.functional.precision import (
     get_recurrent_matmul_precision,
     set_recurrent_matmul_precision,
 )
+from recurrl.modules.conv import ConvNet, SquashDims, Squeeze2dLayer
+from recurrl.modules.exploration import (
+    EGreedyModule,
+    ExplorationType,
+    exploration_type,
+    set_exploration_type,
+)
 from recurrl.modules.gru import GRUModule
 from recurrl.modules.lru import LRU, LRUModule
 from recurrl.modules.lstm_net import LSTMNet
 from recurrl.modules.mingru import MinGRU, MinGRUModule
 from recurrl.modules.mlp import MLP
 from recurrl.modules.nets import GRU, LSTM, GRUCell, LSTMCell
+from recurrl.modules.q_value import QValueModule
 from recurrl.modules.recurrent import RecurrentModule
 from recurrl.modules.recurrent_mode import recurrent_mode, set_recurrent_mode
 from recurrl.modules.registry import MEMORY_REGISTRY, memory_names, register_memory
@@ -34,6 +42,9 @@ __all__ = [
     "LSTM",
     "MEMORY_REGISTRY",
     "MLP",
+    "ConvNet",
+    "EGreedyModule",
+    "ExplorationType",
     "GRUCell",
     "GRUModule",
     "LRUModule",
@@ -42,16 +53,21 @@ __all__ = [
     "LSTMNet",
     "MinGRU",
     "MinGRUModule",
+    "QValueModule",
     "RecurrentMatmulPrecision",
     "RecurrentMatmulPrecisionUserMode",
     "RecurrentModule",
+    "SquashDims",
+    "Squeeze2dLayer",
     "TransformerModule",
+    "exploration_type",
     "get_env_transforms_from_module",
     "get_primers_from_module",
     "get_recurrent_matmul_precision",
     "memory_names",
     "recurrent_mode",
     "register_memory",
+    "set_exploration_type",
     "set_recurrent_matmul_precision",
     "set_recurrent_mode",
 ]

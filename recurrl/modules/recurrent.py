@@ -328,6 +328,15 @@ class RecurrentModule(CheckedReaders, TensorDictModuleBase):
                 f"{name}: pass exactly one of out_key or out_keys, got out_key={out_key!r} "
                 f"and out_keys={out_keys!r}."
             )
+        for arg, value, what in (("in_keys", in_keys, "input, *states"),
+                                 ("out_keys", out_keys, "output, *next states")):  # fmt: skip
+            # list("abc") would be ['a', 'b', 'c']: a str is never a list of keys here
+            if isinstance(value, str):
+                raise ValueError(
+                    f"{name}: {arg} must be a list of {n_states + 1} keys [{what}], received "
+                    f"the str {value!r}. Fix: {arg[:-1]}={value!r} for one key (the others "
+                    f"default), or {arg}=[{value!r}, ...] with every key."
+                )
         if in_key is not None:
             in_keys = [in_key, *self._default_state_keys]
         in_keys = list(in_keys)
@@ -625,7 +634,14 @@ class RecurrentModule(CheckedReaders, TensorDictModuleBase):
             )
         ):
             return self.forward(*args, **kwargs)
-        return nn.Module.__call__(self, *args, **kwargs)
+        out = nn.Module.__call__(self, *args, **kwargs)
+        if isinstance(out, TensorDictBase) and self._out_keys_apparent != self._out_keys:
+            # select_out_keys: tensordict's hook drops the unselected outputs, except (in
+            # tensordict < 0.15) when a state key is missing from the input, which it takes
+            # for a keyword call; drop them here too, whatever the version
+            dropped = [k for k in self._out_keys if k not in self._out_keys_apparent]
+            out = out.exclude(*dropped, inplace=True)
+        return out
 
     def forward(
         self, tensordict: TensorDictBase | Tensor | None = None, *args: Tensor, **kwargs: Any

@@ -4,11 +4,17 @@ Recurrent modules run in *sequential* mode (one step per call, used while collec
 *recurrent* mode (a whole ``[*B, T]`` sequence per call, used in losses) is switched on. The
 switch is thread-local: a thread started inside a ``set_recurrent_mode`` block sees each
 module's own default, and so do worker processes.
+
+TorchRL's own ``torchrl.modules.set_recurrent_mode`` (which every TorchRL loss enters around
+its forward) is honoured too, when no recurrl block is open: a recurrl module in a TorchRL
+loss replays whole sequences instead of reading a ``[B, T]`` batch as independent steps.
+It is read from ``sys.modules`` (only once TorchRL was imported), never imported here.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -36,12 +42,29 @@ def _parse_mode(mode: bool | str) -> bool:
     )
 
 
+#: TorchRL's module that holds its recurrent-mode switch (read only when already imported)
+_TORCHRL_RNN = "torchrl.modules.tensordict_module.rnn"
+
+
 def _current() -> bool | None:
-    """The mode set in this thread, or ``None`` when no ``set_recurrent_mode`` is active."""
-    if not _open_blocks:
-        return None
-    stack = getattr(_local, "stack", None)
-    return stack[-1] if stack else None
+    """The mode set in this thread, or ``None`` when no ``set_recurrent_mode`` is active.
+
+    A recurrl block wins; without one, TorchRL's ``set_recurrent_mode`` (``None`` when TorchRL
+    was never imported or sets nothing).
+    """
+    if _open_blocks:
+        stack = getattr(_local, "stack", None)
+        if stack:
+            return stack[-1]
+    torchrl_rnn = sys.modules.get(_TORCHRL_RNN)
+    return None if torchrl_rnn is None else _torchrl_mode(torchrl_rnn)
+
+
+def _torchrl_mode(torchrl_rnn: Any) -> bool | None:
+    """TorchRL's recurrent mode (its ``recurrent_mode()``: ``None`` when unset)."""
+    read = getattr(torchrl_rnn, "recurrent_mode", None)
+    mode = read() if callable(read) else None
+    return None if mode is None else bool(mode)
 
 
 def recurrent_mode() -> bool:

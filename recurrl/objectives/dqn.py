@@ -39,6 +39,7 @@ from torch.nn import functional as F
 
 from recurrl.functional.returns import td0_return_estimate
 from recurrl.functional.value_rescale import signed_hyperbolic, signed_parabolic
+from recurrl.modules.q_value import action_space_name
 from recurrl.objectives.common import (
     LossModule,
     burn_in_mask,
@@ -102,6 +103,10 @@ class DQNLoss(LossModule):
             (gradients flow back through the burn-in via the hidden state).
         value_rescale_eps: the ``eps`` of ``h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x``.
             Default ``1e-3`` (R2D2).
+        action_space: how ``"action"`` is read: ``"categorical"`` (an index ``[*B]`` or
+            ``[*B, 1]``), ``"one_hot"`` (``[*B, num_actions]``, any dtype), or the env's
+            action spec (``Categorical`` / ``OneHot``), as the reference takes it. Default
+            ``None``: floating and bool actions are one-hot, integer ones indices.
 
     Prioritized replay (keys ``priority_weight`` = ``"_weight"`` and ``priority`` =
     ``"td_error"``, renamed with :meth:`set_keys`): if the batch has ``"_weight"`` ``[*B]``
@@ -163,6 +168,7 @@ class DQNLoss(LossModule):
         value_rescale: bool = False,
         value_rescale_eps: float = 1e-3,
         burn_in_stop_gradient: bool = False,
+        action_space: str | object | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(value_network, TensorDictModuleBase):
@@ -215,6 +221,9 @@ class DQNLoss(LossModule):
         self.value_rescale = value_rescale
         self.burn_in_stop_gradient = bool(burn_in_stop_gradient)
         self.value_rescale_eps = float(value_rescale_eps)
+        self.action_space = (
+            None if action_space is None else action_space_name(action_space, owner="DQNLoss")
+        )
 
     def _target_network_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         if self.target_value_network is None:
@@ -222,7 +231,10 @@ class DQNLoss(LossModule):
         return [(self.value_network, self.target_value_network)]
 
     def _chosen(self, q: Tensor, action: Tensor, batch_dims: int) -> Tensor:
-        if action.dtype.is_floating_point or action.dtype == torch.bool:
+        one_hot = action.dtype.is_floating_point or action.dtype == torch.bool
+        if self.action_space is not None:
+            one_hot = self.action_space == "one_hot"
+        if one_hot:
             if action.shape != q.shape:
                 raise ValueError(
                     f"DQNLoss: a one-hot action must have the shape of the action values "

@@ -79,6 +79,12 @@ class HardUpdate(TargetNetUpdater):
 class SoftUpdate(TargetNetUpdater):
     """Polyak averaging after every step: ``target <- (1 - tau) * target + tau * online``.
 
+    Keyword Args:
+        tau: weight of the online network, in ``(0, 1]``. Default 0.005 (when ``eps`` is not
+            given either).
+        eps: the reference's other spelling, the weight kept by the target:
+            ``eps = 1 - tau``, in ``[0, 1)``. Exclusive with ``tau``.
+
     Examples:
         >>> import torch
         >>> from tensordict.nn import TensorDictModule
@@ -92,10 +98,26 @@ class SoftUpdate(TargetNetUpdater):
         >>> loss.target_value_network.module.weight
         Parameter containing:
         tensor([[0.1000]])
+        >>> round(SoftUpdate(loss, eps=0.95).tau, 12)  # the reference's spelling: tau = 1 - eps
+        0.05
     """
 
-    def __init__(self, loss_module: LossModule, *, tau: float = 0.005) -> None:
+    def __init__(
+        self, loss_module: LossModule, *, tau: float | None = None, eps: float | None = None
+    ) -> None:
         super().__init__(loss_module)
+        if tau is not None and eps is not None:
+            raise ValueError(
+                f"SoftUpdate: expected one of tau and eps (eps = 1 - tau), received tau={tau!r} "
+                f"and eps={eps!r}."
+            )
+        if eps is not None:
+            if not 0.0 <= eps < 1.0:
+                raise ValueError(
+                    f"SoftUpdate: expected eps (the target's weight) in [0, 1), received {eps!r}."
+                )
+            tau = 1.0 - eps
+        tau = 0.005 if tau is None else tau
         if not 0.0 < tau <= 1.0:
             raise ValueError(f"SoftUpdate: expected tau in (0, 1], received {tau!r}.")
         self.tau = float(tau)

@@ -30,20 +30,37 @@ def check_collector_contract(
     collector = Collector(env, policy, frames_per_batch=n * steps)
     got = [collector.rollout() for _ in range(batches)]
     collector.shutdown()
+    assert torch.cat(got, dim=1).batch_size == (n, steps * batches)
+    check_batches_contract(got, lstm, start_bound=start_bound)
+
+
+def check_batches_contract(
+    got: list, lstm, *, start_bound: float | None = None, ids_from_zero: bool = True
+) -> None:
+    """The checks of :func:`check_collector_contract` on consecutive ``[N, T]`` batches
+    ``got`` of the same ``N`` envs (each row continues from one batch to the next), e.g.
+    from a multi-process collector. ``ids_from_zero=False`` (ids laid out by a collector
+    among several) replaces "ids numbered from 0 in order" by "one distinct id per
+    trajectory"; the other checks are the same.
+    """
     data = torch.cat(got, dim=1)
-    assert data.batch_size == (n, steps * batches)
+    n = data.batch_size[0]
     is_init, done = data["is_init"].squeeze(-1), data["next", "done"].squeeze(-1)
     assert torch.stack([b["next", "done"].squeeze(-1)[:, :-1] for b in got]).any()
     assert is_init[:, 0].all()
     assert torch.equal(is_init[:, 1:], done[:, :-1])
     ids = data["collector", "traj_ids"]
-    assert ids[:, 0].tolist() == list(range(n))
+    if ids_from_zero:
+        assert ids[:, 0].tolist() == list(range(n))
     assert torch.equal(ids[:, 1:] != ids[:, :-1], is_init[:, 1:])
     owners: dict[int, int] = {}
     for row, env_ids in enumerate(ids.tolist()):
         for i in env_ids:
             assert owners.setdefault(i, row) == row
-    assert sorted(owners) == list(range(int(is_init.sum())))
+    if ids_from_zero:
+        assert sorted(owners) == list(range(int(is_init.sum())))
+    else:  # one id per trajectory start, never reused
+        assert len(owners) == int(is_init.sum())
     carried = ~is_init[:, 1:]
     for key in STATE_KEYS:
         assert data[key][is_init].abs().max() == 0

@@ -207,6 +207,7 @@ def test_a_ray_task_writes_and_samples_through_a_pickled_handle(ray_session):
         batch = _batches(1)[0]
         index, length, pid, task_pid, owner = ray.get(writer.remote(rb, batch), timeout=120)
         assert torch.equal(index, torch.arange(36)) and length == 36 == len(rb)
+        assert rb.write_count == 36  # every handle's writes, read from the actor
         assert pid == task_pid != os.getpid() and not owner  # transform on the caller side
         assert int(rb.sample()["sampled_in"][0]) == os.getpid()
     finally:

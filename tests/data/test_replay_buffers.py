@@ -327,6 +327,48 @@ def test_priority_updates_reach_the_sampler():
         plain.update_tensordict_priority(sample.set("td_error", sample["loss_td"]))
 
 
+def test_extend_update_priority_as_the_reference():
+    """extend(data, update_priority=...): the written steps' priorities from priority_key
+    (None: when present; True: required; False: never)."""
+    episode = torch.zeros(6, dtype=torch.long)
+
+    def buffer():
+        sampler = PrioritizedSliceSampler(6, 1.0, 1.0, slice_len=2, traj_key="episode")
+        return TensorDictReplayBuffer(storage=LazyTensorStorage(6), sampler=sampler)
+
+    error = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    for update in (None, True):
+        rb = buffer()
+        rb.extend(TensorDict({"episode": episode, "td_error": error}, [6]), update_priority=update)
+        got = rb.sampler.state_dict()["priority"][:6]
+        torch.testing.assert_close(got, error + rb.sampler.eps)
+    rb = buffer()
+    rb.extend(TensorDict({"episode": episode, "td_error": error}, [6]), update_priority=False)
+    assert (rb.sampler.state_dict()["priority"][:6] == 1.0).all()  # the default for new data
+    rb = buffer()  # an [N, T] batch: written row by row, its priorities in the same order
+    rb.extend(TensorDict({"episode": episode.view(2, 3), "td_error": error.view(2, 3)}, [2, 3]))
+    torch.testing.assert_close(rb.sampler.state_dict()["priority"][:6], error + rb.sampler.eps)
+    with pytest.raises(KeyError, match="no 'td_error' entry"):
+        buffer().extend(TensorDict({"episode": episode}, [6]), update_priority=True)
+    buffer().extend(TensorDict({"episode": episode}, [6]))  # None: default priorities
+    with pytest.raises(ValueError, match="one priority per written step"):
+        buffer().extend(TensorDict({"episode": episode, "td_error": torch.ones(6, 2)}, [6]))
+    def plain():
+        return TensorDictReplayBuffer(storage=LazyTensorStorage(6),
+                                      sampler=SliceSampler(slice_len=2))  # fmt: skip
+
+    plain().extend(TensorDict({"episode": episode, "td_error": error}, [6]))  # nothing to do
+    with pytest.raises(TypeError, match="keeps no priorities"):
+        plain().extend(TensorDict({"episode": episode}, [6]), update_priority=True)
+    with pytest.raises(TypeError, match="reads no priorities"):
+        ReplayBuffer(storage=LazyTensorStorage(6)).extend(
+            TensorDict({"episode": episode}, [6]), update_priority=True
+        )
+    ReplayBuffer(storage=LazyTensorStorage(6)).extend(
+        TensorDict({"episode": episode}, [6]), update_priority=False
+    )
+
+
 def _filled(sampler=None, **kwargs) -> ReplayBuffer:
     rb = ReplayBuffer(storage=LazyTensorStorage(64), sampler=sampler, batch_size=8, **kwargs)
     episode = torch.arange(64) // 16  # 4 trajectories, for the slice sampler
@@ -378,3 +420,69 @@ def test_generator_errors_say_what_to_do():
 
     with pytest.raises(TypeError, match="has no generator attribute"):
         _filled(sampler=Plain(), generator=torch.Generator())
+
+
+# --- write_count and the buffer's lock ------------------------------------------------------
+def test_write_count_counts_every_step_ever_written():
+    rb = ReplayBuffer(storage=LazyTensorStorage(10))
+    assert rb.write_count == 0
+    rb.extend(FakeCollector(2, 2, 9, 0).batch(3))  # [2, 3]: 6 steps
+    rb.add(rb.storage.get(0))  # one step
+    assert (rb.write_count, len(rb)) == (7, 7)
+    rb.extend(FakeCollector(2, 2, 9, 0).batch(4))  # wraps: len stays at the capacity
+    assert (rb.write_count, len(rb)) == (15, 10)
+    rb.extend(FakeCollector(3, 2, 9, 0).batch(5))  # more than the capacity: all 15 count
+    assert (rb.write_count, len(rb)) == (30, 10)
+    with pytest.raises(AttributeError):
+        rb.write_count = 0  # read-only, as the reference's
+
+
+def test_write_count_survives_state_dict_and_dumps(tmp_path):
+    def make():
+        return TensorDictReplayBuffer(storage=LazyTensorStorage(8),
+                                      sampler=SliceSampler(slice_len=2))  # fmt: skip
+
+    rb = make()
+    for _ in range(3):
+        rb.extend(FakeCollector(2, 2, 9, 0).batch(3))
+    assert rb.write_count == 18
+    other = make()
+    other.load_state_dict(rb.state_dict())
+    assert other.write_count == 18
+    rb.dumps(tmp_path / "rb")
+    other = make()
+    other.loads(tmp_path / "rb")
+    assert other.write_count == 18
+    old = rb.state_dict()
+    del old["write_count"]  # saved before write_count existed: what is stored
+    other = make()
+    other.load_state_dict(old)
+    assert other.write_count == len(other) == 8
+
+
+def test_a_buffer_copies_with_its_own_lock():
+    import copy
+    import pickle
+
+    rb = ReplayBuffer(storage=LazyTensorStorage(10))
+    rb.extend(FakeCollector(2, 2, 9, 0).batch(3))
+    for other in (copy.deepcopy(rb), pickle.loads(pickle.dumps(rb))):
+        assert other._lock is not rb._lock and other.write_count == 6
+        other.extend(FakeCollector(2, 2, 9, 0).batch(1))
+        assert (other.write_count, rb.write_count) == (8, 6)
+
+
+def test_extend_and_sample_hold_the_lock():
+    """A sample waits while another thread holds the buffer's lock (as extend does)."""
+    import threading
+
+    rb = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=2)
+    rb.extend(FakeCollector(2, 2, 9, 0).batch(3))
+    done = threading.Event()
+    with rb._lock:
+        thread = threading.Thread(target=lambda: (rb.sample(), done.set()))
+        thread.start()
+        assert not done.wait(0.2)  # blocked on the lock
+        rb.extend(FakeCollector(2, 2, 9, 0).batch(1))  # reentrant for the holder
+    assert done.wait(10)
+    thread.join()

@@ -329,9 +329,25 @@ class TestSpecsAndMisc:
         assert isinstance(env.append_transform(InitTracker()), TransformedEnv)
         with pytest.raises(NotImplementedError, match=r"env\.step"):
             env(TensorDict({}, batch_size=[]))
-        with pytest.raises(NotImplementedError, match="device="):
-            env.to("cpu")
+        assert env.to("cpu") is env  # the reference's EnvBase.to (see TestTo)
         env.close()
         env.close()
         assert env.is_closed
         assert "batch_size=()" in repr(env)
+
+
+class TestDoneSpecLeaf:
+    def test_leaf_means_done_and_fills_the_others(self):
+        env = CountingEnv(batch_size=(3,), max_steps=2)
+        leaf = Categorical(2, shape=(3, 1), dtype=torch.bool)
+        env.done_spec = leaf
+        assert isinstance(env.done_spec, Composite)
+        assert env.done_keys == ["done", "terminated", "truncated"]
+        assert all(env.done_spec[k] == leaf for k in env.done_keys)
+        data = env.rollout(2)
+        assert data["next", "done"][:, -1].all() and not data["next", "truncated"].any()
+
+    def test_leaf_must_hold_the_batch_dims(self):
+        env = CountingEnv(batch_size=(3,))
+        with pytest.raises(ValueError, match="expected a shape starting with"):
+            env.done_spec = Categorical(2, shape=(1,), dtype=torch.bool)

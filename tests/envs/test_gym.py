@@ -379,3 +379,59 @@ def test_reset_flags_are_false_and_independent():
     flags[0].fill_(True)  # separate storage: the others stay False
     assert not flags[1].any() and not flags[2].any()
     env.close()
+
+
+class TestFromPixels:
+    """``GymEnv(id, from_pixels=True)``: the rendered frame as ``"pixels"``."""
+
+    @pytest.mark.parametrize("pixels_only", [True, False])
+    def test_spec_matches_the_data(self, pixels_only):
+        from recurrl.envs import check_env_specs
+
+        env = GymEnv("CartPole-v1", from_pixels=True, pixels_only=pixels_only, seed=0)
+        spec = env.observation_spec["pixels"]
+        assert isinstance(spec, Bounded) and spec.dtype == torch.uint8
+        assert spec.shape == (400, 600, 3)
+        assert int(spec.low.min()) == 0 and int(spec.high.max()) == 255
+        assert ("observation" in env.observation_spec) is (not pixels_only)
+        assert env.from_pixels and env.pixels_only is pixels_only
+        check_env_specs(env, seed=0, steps=5)
+        env.close()
+
+    def test_reset_and_step_give_the_rendered_frame(self):
+        env = GymEnv("CartPole-v1", from_pixels=True, pixels_only=False, seed=0)
+        reference = gymnasium.make("CartPole-v1", render_mode="rgb_array")
+        obs, _ = reference.reset(seed=0)
+        td = env.reset()
+        np.testing.assert_array_equal(td["pixels"].numpy(), reference.render())
+        np.testing.assert_allclose(td["observation"].numpy(), obs)
+        for action in (0, 1, 1):
+            obs, *_ = reference.step(action)
+            td = env.step(td.set("action", torch.tensor(action)))
+            np.testing.assert_array_equal(td["next", "pixels"].numpy(), reference.render())
+            np.testing.assert_allclose(td["next", "observation"].numpy(), obs)
+            td = env.step_mdp(td)
+        push_right = lambda td: td.set("action", torch.tensor(1))  # noqa: E731
+        frames = env.rollout(6, push_right)["pixels"]
+        assert frames.shape == (6, 400, 600, 3) and frames.dtype == torch.uint8
+        assert not torch.equal(frames[0], frames[-1])  # the frames are not one buffer
+        env.close()
+        reference.close()
+
+    def test_env_instance_and_render_mode_checks(self):
+        made = gymnasium.make("CartPole-v1", render_mode="rgb_array")
+        env = GymEnv(made, from_pixels=True)
+        assert set(env.observation_spec.keys()) == {"pixels"}
+        env.close()
+        with pytest.raises(ValueError, match="render_mode='rgb_array'"):
+            GymEnv(gymnasium.make("CartPole-v1"), from_pixels=True)
+        with pytest.raises(ValueError, match="render_mode='human'"):
+            GymEnv("CartPole-v1", from_pixels=True, render_mode="human")
+        with pytest.raises(ValueError, match="SerialEnv / ParallelEnv"):
+            GymEnv("CartPole-v1", num_envs=2, from_pixels=True)
+
+    def test_without_from_pixels_nothing_changes(self):
+        env = GymEnv("CartPole-v1")
+        assert set(env.observation_spec.keys()) == {"observation"}
+        assert env.from_pixels is False
+        env.close()

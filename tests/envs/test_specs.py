@@ -280,3 +280,146 @@ class TestComposite:
     def test_repr(self):
         text = repr(self.make())
         assert "'obs'" in text and "'nested'" in text
+
+
+class TestTo:
+    """``spec.to`` takes a device and/or a dtype, as the reference's specs."""
+
+    def test_dtype_positional_and_keyword(self):
+        spec = Unbounded((2, 3)).to(torch.float64)
+        assert spec.dtype == torch.float64 and spec.rand().dtype == torch.float64
+        assert spec.zero().dtype == torch.float64 and spec.is_in(torch.zeros(2, 3).double())
+        assert Unbounded(3).to(dtype=torch.int32).rand().dtype == torch.int32
+
+    def test_device_and_dtype_together(self):
+        for spec in (Unbounded(3).to("cpu", torch.float16),
+                     Unbounded(3).to(device="cpu", dtype=torch.float16)):  # fmt: skip
+            assert (spec.device, spec.dtype) == (torch.device("cpu"), torch.float16)
+
+    def test_copy_not_in_place(self):
+        spec = Unbounded(3)
+        assert spec.to(torch.float64) is not spec and spec.dtype == torch.float32
+        assert spec.to(None) == spec
+
+    def test_bounded_casts_its_bounds(self):
+        spec = Bounded(0.0, 3.0, shape=(2,)).to(torch.int64)
+        assert spec.low.dtype == spec.high.dtype == torch.int64
+        assert set(spec.rand((500,)).flatten().tolist()) == {0, 1, 2, 3}
+        with pytest.raises(ValueError, match="infinite bounds"):
+            Bounded(0.0, float("inf"), shape=(1,)).to(torch.int64)
+
+    def test_categorical_dtypes(self):
+        assert Categorical(2).to(torch.bool).zero().dtype == torch.bool
+        with pytest.raises(ValueError, match="integer or bool dtype"):
+            Categorical(3).to(torch.float32)
+        with pytest.raises(ValueError, match="requires n=2"):
+            Categorical(3).to(torch.bool)
+
+    def test_bad_arguments(self):
+        with pytest.raises(TypeError, match=r"a device .* and/or a torch.dtype"):
+            Unbounded(3).to(3.5)
+        with pytest.raises(TypeError, match="two dtypes"):
+            Unbounded(3).to(torch.float64, dtype=torch.float16)
+        with pytest.raises(TypeError, match="unexpected keyword"):
+            Unbounded(3).to(non_blocking=True)
+
+    def test_composite_takes_a_device_not_a_dtype(self):
+        spec = Composite(obs=Unbounded(3), nested=Composite(flag=Categorical(2)))
+        moved = spec.to("cpu")
+        assert moved.device == torch.device("cpu") and moved["nested", "flag"].device.type == "cpu"
+        with pytest.raises(ValueError, match="only a device"):
+            spec.to(torch.float64)
+
+
+class TestUnsqueezeSqueeze:
+    def test_leaf_unsqueeze_like_torch(self):
+        for dim in range(-3, 3):
+            assert Unbounded((2, 3)).unsqueeze(dim).shape == torch.zeros(2, 3).unsqueeze(dim).shape
+        with pytest.raises(IndexError, match="dim an int"):
+            Unbounded((2, 3)).unsqueeze(3)
+
+    def test_bounded_bounds_follow(self):
+        spec = Bounded(torch.zeros(2, 3), torch.arange(1.0, 7.0).reshape(2, 3)).unsqueeze(1)
+        assert spec.shape == spec.low.shape == spec.high.shape == (2, 1, 3)
+        assert torch.equal(spec.high[:, 0], torch.arange(1.0, 7.0).reshape(2, 3))
+        assert spec.is_in(spec.rand()) and spec.squeeze(1) == Bounded(
+            torch.zeros(2, 3), torch.arange(1.0, 7.0).reshape(2, 3)
+        )
+
+    def test_value_dims_are_kept_whole(self):
+        assert OneHot(3, shape=(2, 3)).unsqueeze(1).shape == (2, 1, 3)
+        with pytest.raises(ValueError, match="hold the values themselves"):
+            OneHot(3, shape=(2, 3)).unsqueeze(-1)
+        with pytest.raises(ValueError, match="hold the values themselves"):
+            Binary(4).unsqueeze(1)
+        assert MultiCategorical([[2, 3]], shape=(1, 2)).squeeze().shape == (1, 2)
+        assert MultiCategorical([2, 3], shape=(1, 2)).squeeze(0).shape == (2,)
+
+    def test_squeeze_as_the_reference(self):
+        assert Unbounded((1, 2, 1)).squeeze().shape == (2,)
+        assert Unbounded((1,)).squeeze().shape == (1,)  # the reference keeps a 1-dim shape
+        assert Unbounded((1, 2)).squeeze(1).shape == (1, 2)  # not a size-1 dim: unchanged
+        assert Unbounded((1, 2)).squeeze(-2).shape == (2,)
+        spec = Categorical(4, shape=(2,))
+        assert spec.unsqueeze(0).squeeze(0) == spec
+
+    def test_composite_batch_dims(self):
+        spec = Composite(
+            obs=Unbounded((2, 3)), nested=Composite(flag=Categorical(2, shape=(2, 1))),
+            shape=(2,),
+        )  # fmt: skip
+        up = spec.unsqueeze(0)
+        assert up.shape == (1, 2) and up["obs"].shape == (1, 2, 3)
+        assert up["nested"].shape == (1, 2) and up["nested", "flag"].shape == (1, 2, 1)
+        assert up.squeeze(0) == spec and up.squeeze() == spec
+        assert spec.unsqueeze(-1)["obs"].shape == (2, 1, 3)
+        with pytest.raises(IndexError):
+            spec.unsqueeze(2)  # only batch dims
+
+
+class TestNestedComposite:
+    """A Composite as the value of a key (the reference's nested specs)."""
+
+    def make(self, shape=()):
+        inner = Composite(a=Unbounded((*shape, 3)), b=Categorical(4, shape=shape), shape=shape)
+        return Composite(obs=inner, flag=Categorical(2, shape=(*shape, 1), dtype=torch.bool),
+                         shape=shape)  # fmt: skip
+
+    def test_index_and_keys(self):
+        spec = self.make()
+        assert spec["obs", "a"] == Unbounded(3) and spec[("obs", "b")].n == 4
+        assert spec["obs"]["a"] is spec["obs", "a"]
+        assert spec.keys(include_nested=True, leaves_only=True) == [
+            ("obs", "a"), ("obs", "b"), "flag",
+        ]  # fmt: skip
+        assert ("obs", "a") in spec and ("obs", "c") not in spec
+
+    def test_rand_zero_is_in(self):
+        spec = self.make((2,))
+        td = spec.rand((5,))
+        assert td.batch_size == (5, 2) and td["obs"].batch_size == (5, 2)
+        assert td["obs", "a"].shape == (5, 2, 3) and spec.is_in(td)
+        zero = spec.zero()
+        assert zero["obs", "b"].shape == (2,) and bool((zero["obs", "a"] == 0).all())
+        assert spec.is_in(zero)
+        zero["obs", "b"] = torch.full((2,), 7)
+        assert not spec.is_in(zero)
+        assert not spec.is_in(zero.exclude(("obs", "a")))
+
+    def test_expand(self):
+        spec = self.make().expand(4)
+        assert spec.shape == spec["obs"].shape == (4,)
+        assert spec["obs", "a"].shape == (4, 3) and spec["flag"].shape == (4, 1)
+        deeper = self.make((2,)).expand(5, 2)
+        assert deeper["obs", "a"].shape == (5, 2, 3) and deeper["obs"].shape == (5, 2)
+
+    def test_nested_dict_value(self):
+        spec = Composite(obs={"a": Unbounded(3)})
+        assert isinstance(spec["obs"], Composite) and spec["obs", "a"].shape == (3,)
+
+    def test_nested_composite_written_without_the_batch_shape(self):
+        # its leaves hold the parent's batch dims: it takes the parent's batch shape
+        spec = Composite(obs=Composite(a=Unbounded((2, 3))), shape=(2,))
+        assert spec["obs"].shape == (2,) and spec.rand()["obs"].batch_size == (2,)
+        with pytest.raises(ValueError, match="expected a shape starting with"):
+            Composite(obs=Composite(a=Unbounded(3)), shape=(2,))  # leaves without them

@@ -388,3 +388,16 @@ def test_make_tensordict_primer(kind):
     assert set(primer.primers.keys(True, True)) == set(module.state_keys)
     for key in module.state_keys:
         assert primer.primers[key].shape == (2, 5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_str_in_keys_or_out_keys_are_refused_not_split(kind):
+    # list("abc") would read keys 'a', 'b', 'c' and complain about 'b'
+    cls = MODULES[kind]
+    with pytest.raises(ValueError, match=r"in_keys must be a list of .* received the str 'abc'"):
+        cls(3, 4, in_keys="abc", out_key="feat")
+    with pytest.raises(ValueError, match=r"out_keys must be a list of .* received the str 'f'"):
+        cls(3, 4, in_key="obs", out_keys="f")
+    n = 2 if kind == "lstm" else 1  # a tuple is a list of keys, as in the reference
+    keys = ("obs", *("h", "c")[:n])
+    assert cls(3, 4, in_keys=keys, out_key="feat").in_keys == [*keys, "is_init"]

@@ -120,3 +120,63 @@ def test_errors():
         GAE(0.9, 0.9, critic)(td.exclude("is_init"))
     with pytest.raises(ValueError, match="valid keys"):
         GAE(0.9, 0.9, critic).set_keys(advantages="a")
+
+
+def _terminating_rows(td):
+    """``td`` with every done step inside a row terminated (the last step may truncate):
+    the data on which the reference's shifted=True gives the exact next values."""
+    done, term = td["next", "done"], td["next", "terminated"].clone()
+    term[..., :-1, :] = done[..., :-1, :]
+    td["next", "terminated"] = term
+    td["next", "truncated"] = done & ~term
+    return td
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm", None])
+@pytest.mark.parametrize("shape", [(17,), (3, 8)])
+@pytest.mark.parametrize("cls", [GAE, TDLambdaEstimator])
+def test_shifted_equals_unshifted_where_rows_end_by_termination(kind, shape, cls):
+    if kind is None:
+        critic = Mod(torch.nn.Linear(3, 1), ["obs"], ["state_value"])
+        states = ()
+    else:
+        critic, rnn = recurrent_critic(kind)
+        states = rnn.state_keys
+    td = _terminating_rows(make_batch(shape, states=states, seed=3))
+    shifted = cls(0.9, 0.8, critic, shifted=True)(td.clone())
+    plain = cls(0.9, 0.8, critic)(td.clone())
+    for key in ("advantage", "value_target", "state_value"):
+        torch.testing.assert_close(shifted[key], plain[key], atol=1e-5, rtol=1e-5)
+    if kind is not None:  # and both equal the step-by-step reference
+        v, nv = loop_values(critic, rnn, td)
+        reward, done = td["next", "reward"], td["next", "done"]
+        adv, _ = generalized_advantage_estimate(
+            0.9, 0.8, v, nv, reward, done, td["next", "terminated"], time_dim=-2
+        )
+        if cls is GAE:
+            torch.testing.assert_close(shifted["advantage"], adv, atol=1e-5, rtol=1e-5)
+
+
+def test_shifted_calls_the_critic_once():
+    calls = []
+
+    def value(obs):
+        calls.append(obs.shape)
+        return obs.sum(-1, keepdim=True)
+
+    td = _terminating_rows(make_batch((2, 6), states=(), seed=4))
+    GAE(0.9, 0.8, Mod(value, ["obs"], ["state_value"]), shifted=True)(td)
+    assert calls == [torch.Size([2, 7, 3])]  # T + 1 steps, one call
+
+
+def test_shifted_refuses_a_truncation_inside_a_row():
+    critic, rnn = recurrent_critic("gru")
+    td = _terminating_rows(make_batch((2, 6), states=rnn.state_keys, seed=5))
+    td["next", "done"][1, 2] = True
+    td["next", "truncated"][1, 2] = True
+    td["is_init"][1, 3] = True
+    with pytest.raises(ValueError, match=r"shifted=True.*1 step\(s\) end a trajectory"):
+        GAE(0.9, 0.8, critic, shifted=True)(td)
+    GAE(0.9, 0.8, critic)(td)  # the default computes the exact bootstrap there
+    with pytest.raises(TypeError, match="shifted to be a bool"):
+        GAE(0.9, 0.8, critic, shifted="yes")

@@ -451,3 +451,57 @@ def test_value_rescale_errors():
         DQNLoss(q, value_rescale=1)
     with pytest.raises(ValueError, match="value_rescale_eps"):
         DQNLoss(q, value_rescale=True, value_rescale_eps=-1e-3)
+
+
+# -- the reference's spellings: action_space, SoftUpdate(eps=), a QValueModule in the net ---
+def test_soft_update_eps_is_one_minus_tau():
+    q = Mod(torch.nn.Linear(1, 1, bias=False), ["obs"], ["action_value"])
+    loss = DQNLoss(q)
+    with torch.no_grad():
+        q.module.weight.fill_(1.0)
+        loss.target_value_network.module.weight.fill_(0.0)
+    SoftUpdate(loss, eps=0.95).step()  # target <- 0.95 * target + 0.05 * online
+    torch.testing.assert_close(loss.target_value_network.module.weight, torch.full((1, 1), 0.05))
+    assert SoftUpdate(loss).tau == 0.005  # recurrl's default, unchanged
+    with pytest.raises(ValueError, match="one of tau and eps"):
+        SoftUpdate(loss, tau=0.1, eps=0.9)
+    with pytest.raises(ValueError, match=r"eps \(the target's weight\) in \[0, 1\)"):
+        SoftUpdate(loss, eps=1.0)
+
+
+def _one_step_batch(action):
+    return TensorDict({
+        "obs": torch.eye(2), "action": action,
+        "is_init": torch.tensor([[True], [False]]),
+        "next": {"obs": torch.eye(2).flip(0), "reward": torch.tensor([[1.0], [2.0]]),
+                 "done": torch.tensor([[False], [True]]),
+                 "terminated": torch.tensor([[False], [True]])}}, [2])  # fmt: skip
+
+
+def test_action_space_reads_one_hot_and_categorical_actions():
+    from recurrl.envs import Categorical, OneHot
+    from recurrl.modules import QValueModule
+
+    lin = torch.nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))  # Q(e0) = [1, 3], Q(e1) = [2, 4]
+    # a QValueModule inside the value network (as the tutorial builds it) must not overwrite
+    # the batch's actions
+    from tensordict.nn import TensorDictSequential
+
+    q = TensorDictSequential(Mod(lin, ["obs"], ["action_value"]), QValueModule("categorical"))
+    # step 0: a = 0, Q = 1, target = 1 + 0.5 * Q(e1)[argmax] = 1 + 0.5 * 4 = 3 -> l1 error 2
+    # step 1: a = 0, Q = 2, terminal: target = 2 -> error 0
+    expected = (2.0 + 0.0) / 2
+    for space, action in [
+        ("categorical", torch.tensor([0, 0])),
+        (Categorical(2), torch.tensor([[0], [0]])),
+        ("one_hot", torch.tensor([[1, 0], [1, 0]])),  # an int64 one-hot: read as one-hot
+        (OneHot(2), torch.tensor([[True, False], [True, False]])),
+    ]:
+        loss = DQNLoss(q, action_space=space, gamma=0.5, delay_value=False, loss_function="l1")
+        td = _one_step_batch(action)
+        assert loss(td)["loss"].item() == pytest.approx(expected)
+        assert torch.equal(td["action"], action)  # the greedy action did not replace it
+    with pytest.raises(ValueError, match="expected action_space in"):
+        DQNLoss(q, action_space="binary")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,7 +25,9 @@ class Sampler:
     buffer writes into the sampled TensorDict (e.g. ``"is_init"`` at slice starts).
 
     :meth:`extend` is an optional notification, called by the buffer after each write, for
-    samplers that keep bookkeeping about the stored data (default: nothing).
+    samplers that keep bookkeeping about the stored data (default: nothing). A subclass may
+    define it as the reference's ``extend(self, index)`` hook: it is then called with the
+    written positions only.
 
     Args:
         generator: random generator (default: torch's global one). Its state is part of
@@ -47,6 +52,9 @@ class Sampler:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         complete_doc(cls)  # list the arguments its option groups document
+        own = cls.__dict__.get("extend")
+        if own is not None and _takes_index_only(own):
+            cls.extend = _index_only_extend(own)  # type: ignore[method-assign]
 
     def __init__(self, *, generator: torch.Generator | None = None) -> None:
         self.generator = generator
@@ -64,7 +72,20 @@ class Sampler:
         at ``index`` (``[n]``).
 
         ``row_start`` (``[n]`` bool) is True where a row of the user's ``[N, T]`` batch began
-        (steps of different rows are never contiguous in time).
+        (steps of different rows are never contiguous in time). A subclass may instead define
+        the reference's ``extend(self, index)``, which is called with ``index`` alone.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from recurrl.data import LazyTensorStorage, RandomSampler, ReplayBuffer
+            >>> class Tracking(RandomSampler):
+            ...     def extend(self, index):  # the reference's hook
+            ...         self.written = index.tolist()
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), sampler=Tracking())
+            >>> _ = rb.extend(TensorDict({"x": torch.arange(3)}, [3]))
+            >>> rb.sampler.written
+            [0, 1, 2]
         """
 
     def state_dict(self) -> dict:
@@ -83,3 +104,33 @@ class Sampler:
             raise RuntimeError(
                 f"{name}.sample: the storage is empty; fix: extend the buffer before sampling."
             )
+
+
+def _takes_index_only(fn: Callable[..., Any]) -> bool:
+    """Whether an ``extend`` override has the reference's signature ``(self, index)``."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return False
+
+    def binds(*args: Any) -> bool:
+        try:
+            sig.bind(*args)
+        except TypeError:
+            return False
+        return True
+
+    return binds(None, None) and not binds(None, None, None, None, None)
+
+
+def _index_only_extend(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Adapt a reference-style ``extend(self, index)`` to the buffer's notification
+    ``extend(storage, index, data, row_start)``; direct calls ``extend(index)`` still work."""
+
+    @functools.wraps(fn)
+    def extend(self: Sampler, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 4 and not kwargs:  # the buffer's call
+            return fn(self, args[1])
+        return fn(self, *args, **kwargs)
+
+    return extend

@@ -177,7 +177,7 @@ class PrioritizedSliceSampler(PriorityTable, SliceSampler):
         start, length = self._locate(segments, ranks, slice_len)
         index, is_start, is_end, mask = self._slices(storage, start, length, slice_len)
         info = self._marks(storage, index, is_start, is_end, mask)
-        ragged = not (self.pad_output or (self.strict_length and self.span is None))
+        ragged = not (self.pad_output or (self.strict_length and self._span_sides is None))
         steps = length if ragged else torch.full_like(length, slice_len)
         slice_of = torch.repeat_interleave(torch.arange(len(steps)), steps)  # [n]
         real = mask if mask is not None else torch.ones(len(slice_of), dtype=torch.bool)

@@ -143,7 +143,16 @@ class SliceSampler(Sampler):
         self.ran_out = False
 
     @property
-    def span(self) -> tuple[int | None, int | None] | None:
+    def span(self) -> tuple[bool | int, bool | int]:
+        """``span`` as a ``(left, right)`` pair, as the reference reports it: a bool or an
+        int given for both sides is repeated (``span=True`` -> ``(True, True)``)."""
+        span = self.options.span
+        if isinstance(span, (tuple, list)):
+            return (span[0], span[1])
+        return (span, span)
+
+    @property
+    def _span_sides(self) -> tuple[int | None, int | None] | None:
         """``span`` per side (left, right), parsed: how many steps a window cut by the
         trajectory start / end may lack (``None``: no span; ``-1``: all but one)."""
         return self.options.sides
@@ -380,8 +389,8 @@ class SliceSampler(Sampler):
                 "lower min_slice_len or raise batch_size."
             )
         right, left = (min_slice_len or slice_len), None
-        if self.span is not None:
-            lack_left, lack_right = self.span
+        if self._span_sides is not None:
+            lack_left, lack_right = self._span_sides
             if lack_right is not None:
                 right = 1 if lack_right < 0 else max(slice_len - lack_right, 1)
             if lack_left is not None:
@@ -493,7 +502,7 @@ class SliceSampler(Sampler):
     def _slices(self, storage: Storage, start: Tensor, length: Tensor, slice_len: int):
         """Index, start / end flags and padding mask of slices starting at ``start`` with
         ``length`` real steps."""
-        whole = self.strict_length and self.span is None  # every slice slice_len long
+        whole = self.strict_length and self._span_sides is None  # every slice slice_len long
         if whole and not self.fragmented:
             # Whole slices of the ring (the default): every length is slice_len, so the
             # flags are one fixed pattern per shape, and the positions need one wrap.

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from tensordict import NestedKey, TensorDictBase
 
+from recurrl.envs._torchrl import import_torchrl
 from recurrl.envs.specs import Categorical, Composite
 from recurrl.envs.transforms.transform import Transform
 from recurrl.envs.utils import RESET_KEY, get_reset_mask, where_reset
@@ -126,6 +129,18 @@ class InitTracker(Transform):
             device=observation_spec.device,
         )
         return observation_spec
+
+    def to_torchrl(self) -> Any:
+        """TorchRL's ``InitTracker`` writing the same key, for a TorchRL env.
+
+        Examples:
+            >>> import pytest; torchrl = pytest.importorskip("torchrl")  # recurrl[torchrl]
+            >>> t = InitTracker().to_torchrl()
+            >>> isinstance(t, torchrl.envs.InitTracker), t.init_key
+            (True, 'is_init')
+        """
+        envs = import_torchrl("envs", "InitTracker.to_torchrl")
+        return envs.InitTracker(init_key=self.init_key)
 
     def extra_repr(self) -> str:
         return f"init_key={self.init_key!r}"

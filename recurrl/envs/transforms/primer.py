@@ -10,6 +10,7 @@ import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase, unravel_key
 from torch import nn
 
+from recurrl.envs._torchrl import import_torchrl, spec_to_torchrl
 from recurrl.envs.specs import Composite, TensorSpec, Unbounded
 from recurrl.envs.transforms.transform import Transform
 from recurrl.envs.utils import RESET_KEY, get_reset_mask, where_reset
@@ -33,14 +34,19 @@ class TensorDictPrimer(Transform):
     spec whose leading dims differ from the env batch size is expanded to
     ``[*B, *spec.shape]``; ``True`` always expands (use it when a feature dim may equal the
     batch size, e.g. ``(num_layers, H)`` with ``num_layers == N``); ``False`` never does.
+    A ``Composite`` given with the env batch shape (``Composite(k=Unbounded((N, 4)),
+    shape=(N,))`` on a batch-``[N]`` env) already holds the batch dims and is never expanded.
 
     Adding a primer for a key the env already declares raises (a second primer for the
     same keys is a bug); use :func:`~recurrl.envs.transforms.find_transform` to check.
 
     Args:
-        primers: dict or Composite mapping (nested) keys to specs.
-        random: sample initial values from the specs (``spec.rand()``) instead of
-            ``default_value``.
+        primers: dict or Composite mapping (nested) keys to specs; a value may itself be a
+            Composite (or dict) of specs, whose leaves become nested keys.
+        random: draw the initial values from the specs at every reset (``spec.rand()``,
+            torch's global RNG) instead of ``default_value``. Exclusive with
+            ``default_value`` (a ``default_value`` of ``0``, the default fill, is accepted
+            with it, as by the reference).
         default_value: initial value: a number (default ``0.0``); a callable taking no
             argument and returning a tensor broadcastable to ``[*B, *spec.shape]``, called
             once per key and reset (once per reset for all keys with
@@ -83,10 +89,14 @@ class TensorDictPrimer(Transform):
         specs = _collect_primers(primers, kwargs)
         keys = specs.keys(include_nested=True, leaves_only=True)
         super().__init__(in_keys=keys, out_keys=keys)
-        if random and default_value is not None:
+        if random and not _is_default_fill(default_value):
             raise ValueError(
-                "TensorDictPrimer: random=True and default_value are exclusive; pass one."
+                f"TensorDictPrimer: random=True draws the initial values from the specs, and "
+                f"default_value={default_value!r} gives them: the two are exclusive. Fix: "
+                f"pass random=True alone, or default_value alone."
             )
+        if random:
+            default_value = None  # 0 (the default fill) given with random=True
         if isinstance(default_value, Mapping):
             given = {unravel_key(k) for k in default_value}
             missing = [k for k in keys if unravel_key(k) not in given]
@@ -98,6 +108,9 @@ class TensorDictPrimer(Transform):
                 )
             default_value = {unravel_key(k): v for k, v in default_value.items()}
         self.primers = specs
+        #: Batch shape of a Composite given as ``primers`` (``()`` otherwise): its leaves
+        #: already hold these leading dims, so an env of that batch size is not expanded to.
+        self._given_batch = primers.shape if isinstance(primers, Composite) else torch.Size()
         self.random = bool(random)
         self.default_value: DefaultValue = 0.0 if default_value is None else default_value
         self.reset_key: NestedKey = RESET_KEY if reset_key is None else reset_key
@@ -170,9 +183,14 @@ class TensorDictPrimer(Transform):
         if cache_key not in cache:
             out = Composite(shape=batch_size, device=device)
             n = len(batch_size)
+            # A Composite given with the env batch shape holds batched leaves already: it
+            # is never expanded again (expand_specs=True expanded it to [*B, *B, ...]).
+            given_batched = n > 0 and tuple(self._given_batch[:n]) == tuple(batch_size)
             for key, spec in self.primers.items(include_nested=True, leaves_only=True):
                 has_batch = tuple(spec.shape[:n]) == tuple(batch_size)
-                if self.expand_specs or (self.expand_specs is None and not has_batch):
+                if given_batched:
+                    pass
+                elif self.expand_specs or (self.expand_specs is None and not has_batch):
                     spec = spec.expand(*batch_size, *spec.shape)
                 elif not has_batch:
                     raise ValueError(
@@ -334,6 +352,47 @@ class TensorDictPrimer(Transform):
             next_tensordict.set(key, current)
         return next_tensordict
 
+    def to_torchrl(self) -> Any:
+        """TorchRL's ``TensorDictPrimer`` over the same keys, specs and initial values.
+
+        The specs become their ``torchrl.data`` counterparts; ``random``, a number or a dict of
+        numbers as ``default_value``, a non-default ``reset_key`` and ``expand_specs`` carry
+        over (TorchRL reads ``expand_specs=None`` more strictly: it raises on a batched env
+        when the specs lack the batch dims, where recurrl expands them). What a module's
+        ``make_tensordict_primer()`` returns converts as is.
+
+        Raises:
+            ValueError: a callable ``default_value`` (TorchRL calls it with another contract).
+            ImportError: torchrl is not installed.
+
+        Examples:
+            >>> import pytest; torchrl = pytest.importorskip("torchrl")  # recurrl[torchrl]
+            >>> from recurrl.envs.specs import Unbounded
+            >>> t = TensorDictPrimer(rs_h=Unbounded((1, 4)), expand_specs=True).to_torchrl()
+            >>> isinstance(t, torchrl.envs.TensorDictPrimer), t.primers["rs_h"].shape
+            (True, torch.Size([1, 4]))
+        """
+        owner = f"{type(self).__name__}.to_torchrl"
+        values = self.default_value
+        given = values.values() if isinstance(values, Mapping) else [values]
+        if not self.random and any(callable(v) for v in given):
+            raise ValueError(
+                f"{owner}: a callable default_value does not convert (TorchRL calls it with "
+                f"another contract: it must return a value of the expanded spec's shape, or "
+                f"one TensorDict with single_default_value=True). Fix: build "
+                f"torchrl.envs.TensorDictPrimer by hand, or use a number as default_value."
+            )
+        envs = import_torchrl("envs", owner)
+        specs = spec_to_torchrl(self.primers, owner)
+        default = None if self.random else values
+        if isinstance(default, Mapping):
+            default = dict(default)
+        reset_key = None if self.reset_key == RESET_KEY else self.reset_key
+        return envs.TensorDictPrimer(
+            specs, random=self.random or None, default_value=default, reset_key=reset_key,
+            expand_specs=self.expand_specs,
+        )  # fmt: skip
+
     def extra_repr(self) -> str:
         init = "random=True" if self.random else f"default_value={self.default_value!r}"
         return f"keys={self.out_keys}, {init}"
@@ -352,6 +411,29 @@ def _same_layout(value: torch.Tensor | None, spec: TensorSpec, mask: torch.Tenso
     )
 
 
+def _is_default_fill(value: Any) -> bool:
+    """``default_value`` not given, or given as the default fill 0 (the reference accepts
+    ``random=True`` with a falsy ``default_value``)."""
+    if value is None:
+        return True
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
+
+
+def _leaves(key: NestedKey, spec: Any) -> list[tuple[NestedKey, Any]]:
+    """``(key, leaf)`` pairs of one primer entry: a leaf spec, or a Composite / dict of
+    them (nested keys as tuples, as the reference's nested primers)."""
+    if isinstance(spec, Composite):
+        spec = dict(spec.items(include_nested=True, leaves_only=True))
+    if isinstance(spec, Mapping):
+        prefix = (key,) if isinstance(key, str) else tuple(key)
+        out: list[tuple[NestedKey, Any]] = []
+        for sub_key, sub_spec in spec.items():
+            sub = (sub_key,) if isinstance(sub_key, str) else tuple(sub_key)
+            out += _leaves((*prefix, *sub), sub_spec)
+        return out
+    return [(key, spec)]
+
+
 def _collect_primers(
     primers: Mapping[NestedKey, TensorSpec] | Composite | None, kwargs: dict[str, TensorSpec]
 ) -> Composite:
@@ -364,8 +446,8 @@ def _collect_primers(
                 f"TensorDictPrimer: expected primers as a dict or Composite of specs, received "
                 f"{type(primers).__name__}."
             )
-        items += list(primers.items())
-    items += list(kwargs.items())
+        items += [leaf for key, spec in primers.items() for leaf in _leaves(key, spec)]
+    items += [leaf for key, spec in kwargs.items() for leaf in _leaves(key, spec)]
     if not items:
         raise ValueError(
             "TensorDictPrimer: expected at least one primer, received none. "
@@ -373,11 +455,12 @@ def _collect_primers(
         )
     out = Composite()
     for key, spec in items:
-        if not isinstance(spec, TensorSpec) or isinstance(spec, Composite):
+        if not isinstance(spec, TensorSpec):
             raise TypeError(
-                f"TensorDictPrimer: expected a leaf TensorSpec for key {key!r}, received "
-                f"{type(spec).__name__}. Nested keys are tuples: {{('a', 'b'): spec}}."
+                f"TensorDictPrimer: expected a TensorSpec (or a Composite of them) for key "
+                f"{key!r}, received {type(spec).__name__}."
             )
+        key = unravel_key(key)
         if key in out:
             raise ValueError(f"TensorDictPrimer: key {key!r} is given twice.")
         out[key] = spec

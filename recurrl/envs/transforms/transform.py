@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from tensordict import NestedKey, TensorDict, TensorDictBase, unravel_key
 from torch import nn
 
+from recurrl.envs._torchrl import import_torchrl
 from recurrl.envs.common import EnvBase
 from recurrl.envs.specs import Composite
 from recurrl.envs.utils import get_reset_mask, merge_reset, reset_mask_any_all
@@ -174,12 +175,50 @@ class Transform(nn.Module):
         return action_spec
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Not supported: a transform runs inside its env (``ValueError``)."""
+        """Not supported: a transform runs inside its env (``ValueError``).
+
+        TorchRL's envs accept any callable as a transform and call it on every reset and
+        step, so a recurrl transform appended to a TorchRL env fails here, at the first
+        ``reset()``; the message names ``to_torchrl()``.
+        """
         where = "its env" if self.parent is not None else "an env (it has no parent env)"
         raise ValueError(
             f"{type(self).__name__} is not called on a TensorDict: it runs inside {where}. "
             f"Fix: env = TransformedEnv(env, transform) (or env.append_transform(transform)), "
-            f"then env.reset() / env.step()."
+            f"then env.reset() / env.step(). In a TorchRL env (which calls any callable it is "
+            f"given as a transform), append the TorchRL equivalent instead: "
+            f"env.append_transform(transform.to_torchrl())."
+        )
+
+    def to_torchrl(self) -> Any:
+        """The equivalent TorchRL transform (``torchrl.envs``), for a TorchRL env.
+
+        A new, detached TorchRL transform configured as this one (keys, specs, initial
+        values); the recurrl transform is left unchanged. TorchRL is imported here, and only
+        here. Implemented by :class:`Compose`, :class:`~recurrl.envs.transforms.InitTracker`
+        and :class:`~recurrl.envs.transforms.TensorDictPrimer` (what
+        :func:`~recurrl.envs.get_env_transforms_from_module` and a module's
+        ``make_tensordict_primer()`` return); other transforms raise ``NotImplementedError``.
+
+        Returns:
+            A ``torchrl.envs.Transform``.
+
+        Raises:
+            NotImplementedError: this transform has no TorchRL conversion.
+            ImportError: torchrl is not installed.
+
+        Examples:
+            >>> from recurrl.envs.transforms import RewardSum
+            >>> RewardSum().to_torchrl()
+            Traceback (most recent call last):
+            ...
+            NotImplementedError: RewardSum.to_torchrl: no TorchRL conversion ...
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__}.to_torchrl: no TorchRL conversion is implemented for this "
+            f"transform (only Compose, InitTracker and TensorDictPrimer convert). Fix: append "
+            f"TorchRL's own transform of the same role (torchrl.envs.transforms) to the TorchRL "
+            f"env."
         )
 
     def extra_repr(self) -> str:
@@ -295,6 +334,20 @@ class Compose(Transform):
 
     def transform_action_spec(self, action_spec: Composite) -> Composite:
         return self._chain("transform_action_spec", action_spec)
+
+    def to_torchrl(self) -> Any:
+        """A ``torchrl.envs.Compose`` of each transform's ``to_torchrl()``, in order.
+
+        Examples:
+            >>> import pytest; _ = pytest.importorskip("torchrl")  # the extra recurrl[torchrl]
+            >>> from recurrl.envs.transforms import InitTracker, TensorDictPrimer
+            >>> from recurrl.envs.specs import Unbounded
+            >>> t = Compose(InitTracker(), TensorDictPrimer(rs_h=Unbounded((1, 4))))
+            >>> [type(x).__qualname__ for x in t.to_torchrl()]
+            ['InitTracker', 'TensorDictPrimer']
+        """
+        envs = import_torchrl("envs", "Compose.to_torchrl")
+        return envs.Compose(*(t.to_torchrl() for t in self.transforms))
 
     def extra_repr(self) -> str:
         return ""

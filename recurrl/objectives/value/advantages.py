@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torch import Tensor
@@ -21,8 +21,9 @@ from recurrl.functional.returns import (
     generalized_advantage_estimate,
     td_lambda_return_estimate,
 )
+from recurrl.modules.recurrent_mode import set_recurrent_mode
 from recurrl.objectives.common import LossModule, masked_normalize, step_mask
-from recurrl.objectives.value._next_state import values_and_next_values
+from recurrl.objectives.value._next_state import state_keys_of, values_and_next_values
 
 __all__ = ["GAE", "TDLambdaEstimator", "ValueEstimatorBase"]
 
@@ -49,11 +50,21 @@ class ValueEstimatorBase(LossModule):
         is_init: NestedKey = "is_init"
         mask: NestedKey = ("collector", "mask")
 
-    def __init__(self, gamma: float, lmbda: float, value_network: TensorDictModuleBase) -> None:
+    def __init__(
+        self,
+        gamma: float,
+        lmbda: float,
+        value_network: TensorDictModuleBase,
+        *,
+        shifted: bool = False,
+    ) -> None:
         super().__init__()
         name = type(self).__name__
         self.gamma = _check_coef(name, "gamma", gamma)
         self.lmbda = _check_coef(name, "lmbda", lmbda)
+        if not isinstance(shifted, bool):
+            raise TypeError(f"{name}: expected shifted to be a bool, received {shifted!r}.")
+        self.shifted = shifted
         if not isinstance(value_network, TensorDictModuleBase):
             raise ValueError(
                 f"{name}: value_network must be a tensordict.nn module writing "
@@ -72,12 +83,72 @@ class ValueEstimatorBase(LossModule):
         return x.unsqueeze(-1) if x.dim() == td.batch_dims else x
 
     def _values(self, td: TensorDictBase) -> tuple[Tensor, Tensor]:
+        if self.shifted:
+            return self._values_shifted(td)
         k = self.tensor_keys
         with torch.no_grad():
             v, nv = values_and_next_values(
                 self.value_network, td, k.value, is_init_key=k.is_init,
                 done_key=self._next(k.done), what=type(self).__name__,
             )  # fmt: skip
+        if v.dim() == td.batch_dims:
+            v, nv = v.unsqueeze(-1), nv.unsqueeze(-1)
+        return v, nv
+
+
+    def _values_shifted(self, td: TensorDictBase) -> tuple[Tensor, Tensor]:
+        """``shifted=True``: one recurrent-mode call over ``T + 1`` steps (the batch and its
+        last ``("next", ...)`` step); the value of ``s_{t+1}`` is the output at ``t + 1``.
+
+        That is the value of ``s_{t+1}`` only where step ``t + 1`` continues step ``t``'s
+        trajectory, or where step ``t`` terminated (its next value is not used): a
+        trajectory that ends otherwise inside a row (truncated, or an ``is_init`` without a
+        done) raises instead of bootstrapping from the next episode's first value.
+        """
+        k = self.tensor_keys
+        name = type(self).__name__
+        if td.batch_dims < 1:
+            raise ValueError(f"{name}: expected a TensorDict with a time dim, batch_size=[].")
+        done = self._read(td, self._next(k.done)).bool()
+        term = self._read(td, self._next(k.terminated)).bool()
+        is_init = td.get(k.is_init, None)
+        if is_init is None:
+            if state_keys_of(self.value_network):
+                raise KeyError(
+                    f"{name}: key {k.is_init!r} not found; a recurrent critic needs it (written "
+                    f"by InitTracker). Fix: collect with a recurrl Collector."
+                )
+            is_init = torch.zeros_like(done)
+        starts = is_init.reshape(done.shape).bool().clone()
+        starts[..., 1:, :] |= done[..., :-1, :]
+        cut = starts[..., 1:, :] & ~term[..., :-1, :]
+        if bool(cut.any()):
+            raise ValueError(
+                f"{name}(shifted=True): {int(cut.sum())} step(s) end a trajectory inside a row "
+                f"without terminating (truncated, or followed by is_init): their next value is "
+                f"not the following step's value, which shifted=True would use. Fix: "
+                f"shifted=False (one extra network step at trajectory ends), or batches "
+                f"whose rows end episodes only by termination."
+            )
+        tdim = td.batch_dims - 1
+        last, nxt = td[..., -1:], td.get("next")[..., -1:]
+        in_keys = getattr(self.value_network, "in_keys", None)
+        if in_keys is None:
+            in_keys = [key for key in td.keys(True, True) if key != "next" and key[0] != "next"]
+        ext = TensorDict({}, batch_size=[*td.batch_size[:-1], td.batch_size[-1] + 1])
+        for key in dict.fromkeys(in_keys):
+            root = td.get(key, None)
+            if root is None or key in (k.is_init, "is_init"):
+                continue  # a missing input is reported by the network, naming it
+            tail = nxt.get(key, None)
+            ext.set(key, torch.cat([root, tail if tail is not None else last.get(key)], tdim))
+        ext_starts = torch.cat([starts, torch.zeros_like(starts.narrow(tdim, 0, 1))], tdim)
+        ext.set(k.is_init, ext_starts)
+        ext.set("is_init", ext_starts)  # what recurrent modules read
+        with torch.no_grad(), set_recurrent_mode(True):
+            out = self.value_network(ext).get(k.value)
+        t = td.batch_size[-1]
+        v, nv = out.narrow(tdim, 0, t), out.narrow(tdim, 1, t)
         if v.dim() == td.batch_dims:
             v, nv = v.unsqueeze(-1), nv.unsqueeze(-1)
         return v, nv
@@ -97,6 +168,13 @@ class GAE(ValueEstimatorBase):
 
     Keyword Args:
         average_gae: normalize the advantage to zero mean, unit std (over real steps).
+        shifted: compute the values of ``s_t`` and ``s_{t+1}`` with one call of the
+            critic over ``T + 1`` steps (the batch and its last ``("next", ...)`` step), as
+            the reference's ``shifted=True``: the same results where every trajectory that
+            ends inside a row terminates; a row holding a truncation or an ``is_init``
+            without a done raises ``ValueError`` (the reference would silently bootstrap
+            from the next episode's first value). Default ``False``: the next value at a
+            trajectory end comes from one extra critic step on ``("next", ...)``.
 
     Input keys: the critic's in_keys and ``("next", ...)`` in_keys, ``"is_init"``,
     ``("next", "reward"|"done"|"terminated")``, optionally ``("collector", "mask")``.
@@ -122,8 +200,9 @@ class GAE(ValueEstimatorBase):
         value_network: TensorDictModuleBase,
         *,
         average_gae: bool = False,
+        shifted: bool = False,
     ) -> None:
-        super().__init__(gamma, lmbda, value_network)
+        super().__init__(gamma, lmbda, value_network, shifted=shifted)
         self.average_gae = average_gae
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
@@ -154,6 +233,9 @@ class TDLambdaEstimator(ValueEstimatorBase):
         gamma: discount.
         lmbda: lambda.
         value_network: TensorDict module writing ``"state_value"``.
+
+    Keyword Args:
+        shifted: one critic call over ``T + 1`` steps, as :class:`GAE`'s ``shifted``.
 
     Examples:
         >>> import torch

@@ -114,7 +114,8 @@ def test_every_argument_is_an_attribute_with_its_checked_value(cls):
 
 def test_derived_attributes_of_the_slice_samplers():
     sampler = SliceSampler(slice_len=4, span=(True, 1), end_keys=[["next", "done"]])
-    assert sampler.span == (-1, 1) and sampler.options.span == (True, 1)
+    assert sampler.span == (True, 1) == sampler.options.span  # as given, as the reference
+    assert sampler._span_sides == (-1, 1)  # parsed: (all but one, 1) steps may be missing
     assert sampler.end_keys == (("next", "done"),)
     assert (sampler.drop_last, sampler.shuffle) == (False, True)
     sampler = SliceSampler(slice_len=4, replacement=False, shuffle=False)

@@ -421,6 +421,17 @@ def test_span_windows_cover_trajectory_ends(span, left, right, strict):
     assert sorted(got) == reference_windows(rb.storage, slice_len, left, right, strict)
 
 
+@pytest.mark.parametrize(
+    ("span", "reported"),
+    [(False, (False, False)), (True, (True, True)), (2, (2, 2)), ((True, False), (True, False)),
+     ([False, True], (False, True)), ((3, 0), (3, 0))],
+)
+def test_span_is_reported_as_a_left_right_pair(span, reported):
+    """The reference reports span as the (left, right) pair given (a bool or int repeated)."""
+    for cls in (SliceSampler, SliceSamplerWithoutReplacement):
+        assert cls(slice_len=4, span=span).span == reported
+
+
 def test_span_true_covers_every_step_equally():
     """span=True: inside a long trajectory, every step (first and last included) lies in
     slice_len windows, so sampling is uniform over steps."""

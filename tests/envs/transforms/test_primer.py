@@ -42,7 +42,7 @@ class TestConstruction:
     def test_errors(self):
         with pytest.raises(ValueError, match="at least one primer"):
             TensorDictPrimer()
-        with pytest.raises(TypeError, match="leaf TensorSpec for key 'h'"):
+        with pytest.raises(TypeError, match="TensorSpec \\(or a Composite of them\\) for key 'h'"):
             TensorDictPrimer(h=torch.zeros(2))
         with pytest.raises(TypeError, match="dict or Composite"):
             TensorDictPrimer([Unbounded(2)])
@@ -52,6 +52,72 @@ class TestConstruction:
             lstm_primer(default_value={"rs_h": 1.0})
         with pytest.raises(ValueError, match="given twice"):
             TensorDictPrimer({"h": Unbounded(2)}, h=Unbounded(2))
+
+
+class TestReferenceArguments:
+    """Primers as the reference's users write them (ported from its TensorDictPrimer tests)."""
+
+    @pytest.mark.parametrize("default_value", [None, 0, 0.0])
+    def test_random_with_the_default_fill(self, default_value):
+        # the reference accepts random=True with a falsy default_value: random draws
+        torch.manual_seed(0)
+        primer = TensorDictPrimer(random=True, default_value=default_value, h=Bounded(-3, 3, [4]))
+        td = make_env(primer, batch_size=(2,)).reset()
+        assert td["h"].shape == (2, 4) and bool((td["h"] != 0).all())
+        assert bool(((td["h"] >= -3) & (td["h"] <= 3)).all())
+
+    @pytest.mark.parametrize("default_value", [1.0, lambda: torch.ones(4), {"h": 2.0}])
+    def test_random_with_a_value_is_refused(self, default_value):
+        with pytest.raises(ValueError, match="exclusive"):
+            TensorDictPrimer(random=True, default_value=default_value, h=Unbounded(4))
+
+    def test_random_draws_again_at_each_reset_of_the_reset_envs_only(self):
+        torch.manual_seed(0)
+        env = make_env(TensorDictPrimer(random=True, h=Unbounded(3)), batch_size=(2,))
+        td = env.reset()
+        first = td["h"].clone()
+        td["_reset"] = torch.tensor([[True], [False]])
+        again = env.reset(td)["h"]
+        assert not torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
+
+    @pytest.mark.parametrize("random", [True, False])
+    def test_composite_value_becomes_nested_keys(self, random):
+        primer = TensorDictPrimer(
+            random=random, default_value=0.0 if random else 1.0,
+            a=Bounded(-3, 3, [4]), nested=Composite(b=Bounded(-3, 3, [4])),
+        )  # fmt: skip
+        assert primer.out_keys == ["a", ("nested", "b")]
+        env = make_env(primer, batch_size=(2,))
+        td = env.reset()
+        assert td["nested", "b"].shape == (2, 4)
+        if random:
+            assert bool((td["nested", "b"] != 1.0).any())
+        else:
+            assert bool((td["nested", "b"] == 1.0).all())
+        assert ("next", "nested", "b") in env.rollout(3).keys(True)
+
+    def test_dict_value_becomes_nested_keys(self):
+        primer = TensorDictPrimer({"outer": {"inner": Unbounded(2)}})
+        assert primer.out_keys == [("outer", "inner")]
+
+    @pytest.mark.parametrize("expand_specs", [True, None])
+    def test_composite_with_the_batch_shape_is_not_expanded_again(self, expand_specs):
+        # the reference: a primer Composite of the env's batch shape holds batched leaves
+        # (recurrl used to expand it a second time with expand_specs=True: [2, 2, 4])
+        primer = TensorDictPrimer(
+            Composite(k=Unbounded((2, 4)), shape=(2,)), expand_specs=expand_specs
+        )
+        env = make_env(primer, batch_size=(2,))
+        assert env.observation_spec["k"].shape == (2, 4)
+        assert env.reset()["k"].shape == (2, 4)
+        assert env.rollout(3)["next", "k"].shape == (2, 3, 4)
+
+    def test_unbatched_composite_still_expands(self):
+        primer = TensorDictPrimer(Composite(k=Unbounded((4,))), expand_specs=True)
+        assert make_env(primer, batch_size=(2,)).reset()["k"].shape == (2, 4)
+        # a shape-() Composite whose leaf happens to start with N is expanded as asked
+        primer = TensorDictPrimer(Composite(k=Unbounded((2, 4))), expand_specs=True)
+        assert make_env(primer, batch_size=(2,)).reset()["k"].shape == (2, 2, 4)
 
 
 class TestSpecs:

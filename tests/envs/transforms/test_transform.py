@@ -10,15 +10,19 @@ from tensordict import TensorDict
 from recurrl.envs import (
     Compose,
     Composite,
+    GrayScale,
     GymEnv,
     InitTracker,
     MaskObservation,
+    ObservationNorm,
     OneHotObservation,
     PreviousAction,
     PreviousReward,
+    Resize,
     RewardSum,
     StepCounter,
     TensorDictPrimer,
+    ToTensorImage,
     Transform,
     TransformedEnv,
     Unbounded,
@@ -28,6 +32,7 @@ from recurrl.envs import (
 from recurrl.envs.specs import Bounded
 from recurrl.envs.transforms.transform import _merged_on_partial_reset
 from recurrl.testing import CountingEnv
+from tests.envs.transforms._pixels import FakePixels
 
 
 class Scale(Transform):
@@ -308,6 +313,18 @@ def _transform_factories():
         "previous_action": lambda: PreviousAction(),
         "previous_action_one_hot": lambda: PreviousAction(one_hot=True),
         "previous_reward": lambda: PreviousReward(),
+        # pixel transforms, on FakePixels' uint8 [*B, 6, 8, 3] image of the observation
+        "to_tensor_image": lambda: Compose(FakePixels(), ToTensorImage()),
+        "gray_scale": lambda: Compose(FakePixels(), ToTensorImage(), GrayScale()),
+        "resize": lambda: Compose(FakePixels(), ToTensorImage(), Resize(4, 5)),
+        "observation_norm": lambda: ObservationNorm(loc=1.0, scale=2.0, in_keys=["observation"]),
+        "pixel_pipeline": lambda: Compose(
+            FakePixels(),
+            ToTensorImage(),
+            GrayScale(),
+            Resize(3, 3),
+            ObservationNorm(loc=0.5, scale=0.25, in_keys=["pixels"], standard_normal=True),
+        ),
         "recurrent_inputs": lambda: Compose(
             InitTracker(),
             StepCounter(4),
