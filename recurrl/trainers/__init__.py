@@ -10,6 +10,7 @@ from recurrl.trainers.config import (
 )
 from recurrl.trainers.dqn import DQNTrainer
 from recurrl.trainers.evaluate import evaluate, load_config
+from recurrl.trainers.export import ExportError, export_policy
 from recurrl.trainers.loop import Trainer
 from recurrl.trainers.ppo import PPOTrainer, train
 
@@ -17,6 +18,7 @@ __all__ = [
     "DQNConfig",
     "DQNTrainer",
     "EnvConfig",
+    "ExportError",
     "ModelConfig",
     "PPOConfig",
     "PPOTrainer",
@@ -24,6 +26,7 @@ __all__ = [
     "TrainConfig",
     "Trainer",
     "evaluate",
+    "export_policy",
     "load_config",
     "train",
 ]

@@ -54,6 +54,7 @@ from recurrl.trainers.config import (
 )
 from recurrl.trainers.errors import UsageError
 from recurrl.trainers.evaluate import CONFIG, evaluate, load_config, require_checkpoint
+from recurrl.trainers.export import add_export_parser, run_export
 from recurrl.trainers.plugins import load_plugins
 from recurrl.trainers.run_lock import lock_run_dir
 from recurrl.trainers.suites import Recipe, recipe_for
@@ -133,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="recurrl", description="Train and evaluate recurrent RL policies."
     )
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="{train,eval,sweep,bench,build-ext}"
+        dest="command", required=True, metavar="{train,eval,sweep,bench,build-ext,export}"
     )
     train = sub.add_parser(
         "train",
@@ -172,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_sweep_parser(sub)
     add_bench_parser(sub)
+    add_export_parser(sub)
     ext = sub.add_parser(
         "build-ext",
         help="compile the C++ kernels of --recurrent-backend cpp ahead of time",
@@ -657,6 +659,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return run_bench(args, train_argv)
             if args.command == "build-ext":
                 return _build_ext(args)
+            if args.command == "export":
+                return run_export(args)
             return _train(args, signals) if args.command == "train" else _eval(args)
     except UsageError as err:
         print(f"recurrl {args.command}: error: {' '.join(str(err).split())}", file=sys.stderr)
