@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import gymnasium
@@ -42,6 +43,9 @@ class FaultyEnv(gymnasium.Env):
         fault: one of :data:`FAULTS`, or ``None`` for a healthy env.
         fault_step: at which step (counted from 1 after each reset) the fault happens.
         step_seconds: how long every step sleeps (a slow but healthy env).
+        ready_dir: a folder where the env writes an empty file named after its pid when it
+            reaches its fault (after ignoring SIGTERM, for ``"hang_ignoring_sigterm"``): a
+            handshake for tests that must act only once the fault is in place.
 
     Examples:
         >>> env = FaultyEnv(fault="raise", fault_step=2)
@@ -55,13 +59,18 @@ class FaultyEnv(gymnasium.Env):
     """
 
     def __init__(
-        self, fault: str | None = None, fault_step: int = 1, step_seconds: float = 0.0
+        self,
+        fault: str | None = None,
+        fault_step: int = 1,
+        step_seconds: float = 0.0,
+        ready_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if fault is not None and fault not in FAULTS:
             raise ValueError(f"FaultyEnv: expected fault in {FAULTS} or None, received {fault!r}.")
         self.observation_space = spaces.Box(0.0, np.inf, (1,), dtype=np.float32)
         self.action_space = spaces.Discrete(2)
         self.fault, self.fault_step, self.step_seconds = fault, fault_step, step_seconds
+        self.ready_dir = ready_dir
         self.t = 0
 
     def _obs(self) -> np.ndarray:
@@ -85,6 +94,8 @@ class FaultyEnv(gymnasium.Env):
     def _misbehave(self) -> None:
         if self.fault == "hang_ignoring_sigterm":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self.ready_dir is not None:  # the fault is in place from here on
+            Path(self.ready_dir, str(os.getpid())).touch()
         if self.fault in ("hang", "hang_ignoring_sigterm"):
             threading.Event().wait()  # forever; SIGKILL (and SIGTERM unless ignored) end it
         elif self.fault == "sigkill":

@@ -175,14 +175,23 @@ def test_close_with_a_hung_worker_returns(fail_after, monkeypatch, parent_sigter
     assert [p.exitcode for p in vec.processes] == [-signal.SIGTERM] * 2
 
 
-def test_close_kills_a_worker_that_ignores_sigterm(fail_after, monkeypatch):
+def wait_for_files(folder: Path, n: int, timeout: float = 15.0) -> None:
+    """Wait until ``folder`` holds ``n`` files (the envs' ``ready_dir`` handshake)."""
+    deadline = time.monotonic() + timeout
+    while len(list(folder.iterdir())) < n:
+        assert time.monotonic() < deadline, f"only {len(list(folder.iterdir()))} of {n} ready"
+        time.sleep(0.01)
+
+
+def test_close_kills_a_worker_that_ignores_sigterm(fail_after, monkeypatch, tmp_path):
     monkeypatch.setattr(gym_async, "CLOSE_TIMEOUT", 0.5)
-    env = faulty(fault="hang_ignoring_sigterm", fault_step=1, step_timeout=None)
+    env = faulty(fault="hang_ignoring_sigterm", fault_step=1, step_timeout=None,
+                 ready_dir=str(tmp_path))  # fmt: skip
     vec = env.env
     with fail_after(20):
         vec.reset()
         vec.step_async(np.zeros(2, dtype=np.int64))
-        time.sleep(0.3)  # let them reach the step, where they start ignoring SIGTERM
+        wait_for_files(tmp_path, 2)  # both workers now hang, ignoring SIGTERM
         env.close()
     assert [p.exitcode for p in vec.processes] == [-signal.SIGKILL] * 2
 
@@ -275,13 +284,15 @@ def test_worker_exits_when_its_parent_died_before_it_watched():
 
 _ORPHAN_SCRIPT = textwrap.dedent(
     """
+    import sys
     import time
     import numpy as np
     import recurrl.testing.gym_envs
     from recurrl.envs import GymEnv, gym_async
 
     def make():
-        return GymEnv("RecurrlFaulty-v0", num_envs=2, vectorization="async", fault="hang")
+        return GymEnv("RecurrlFaulty-v0", num_envs=2, vectorization="async", fault="hang",
+                      ready_dir=sys.argv[1])
 
     period = gym_async.WATCHDOG_PERIOD
     gym_async.WATCHDOG_PERIOD = 1e6
@@ -300,17 +311,18 @@ _ORPHAN_SCRIPT = textwrap.dedent(
 
 @linux_only
 @pytest.mark.slow  # subprocesses, waits for their exit
-def test_workers_die_with_a_sigkilled_main_process():
+def test_workers_die_with_a_sigkilled_main_process(tmp_path):
     main = subprocess.Popen(
-        [sys.executable, "-c", _ORPHAN_SCRIPT], cwd=ROOT, stdout=subprocess.PIPE, text=True
-    )
+        [sys.executable, "-c", _ORPHAN_SCRIPT, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
     pids: list[int] = []
     try:
         readable, _, _ = select.select([main.stdout], [], [], 90)
         assert readable, "the main process printed no worker pids"
         pids = [int(pid) for pid in main.stdout.readline().split()]
         assert len(pids) == 4
-        time.sleep(0.3)  # let the workers enter their hanging step
+        wait_for_files(tmp_path, 4)  # every worker is in its hanging step
         assert not any(gone(pid) for pid in pids)
         main.kill()
         main.wait(10)
