@@ -134,12 +134,43 @@ class _LRURealStep(nn.Module):
 
 
 #: cell kind name -> builder of the export step of a module of that kind (default:
-#: :class:`_KindStep`, the kind's own plain-torch step)
-_EXPORT_CELLS: dict[str, Callable[[RecurrentModule], nn.Module]] = {LRUKind.name: _LRURealStep}
+class _TransformerStep(nn.Module):
+    """:class:`~recurrl.modules.TransformerModule`'s step on its stored layout: ``memory [N,
+    L, M * H]`` and ``count [N, L, 1]`` (float) in and out, the network's own
+    :meth:`~recurrl.modules.nets.transformer.GatedTransformer.step` between (an empty memory
+    at ``is_init``: the reset before it zeroes both). The eager module's check that a read
+    count is an integer in ``[0, M]`` is left out: the graph only ever reads counts it wrote
+    (or zeros), and a data-dependent raise cannot be exported."""
+
+    def __init__(self, module: RecurrentModule) -> None:
+        super().__init__()
+        cfg = module._cfg
+        self.net = module.rnn
+        self.layers, self.m, self.size = cfg.num_layers, cfg.memory_length, cfg.hidden_size
+
+    def forward(self, x: Tensor, memory: Tensor, count: Tensor) -> tuple[Tensor, ...]:
+        n = x.shape[0]
+        memory = memory.reshape(n, self.layers, self.m, self.size)
+        y, memory, count = self.net.step(x, memory, count.reshape(n, self.layers).long())
+        return (
+            y,
+            memory.reshape(n, self.layers, self.m * self.size),
+            count.to(x.dtype).reshape(n, self.layers, 1),
+        )
+
+
+#: :class:`_KindStep`, the kind's own plain-torch step; a module without a cell kind is
+#: looked up by its class name)
+_EXPORT_CELLS: dict[str, Callable[[RecurrentModule], nn.Module]] = {
+    LRUKind.name: _LRURealStep,
+    "TransformerModule": _TransformerStep,
+}
 
 
 def register_export_cell(kind: str, builder: Callable[[RecurrentModule], nn.Module]) -> None:
-    """Export modules of cell kind ``kind`` with ``builder(module)``: an ``nn.Module`` whose
+    """Export modules of cell kind ``kind`` (for a module without a cell kind, such as
+    :class:`~recurrl.modules.TransformerModule`: its class name) with ``builder(module)``: an
+    ``nn.Module`` whose
     ``forward(x [N, F], *states [N, L, S])`` returns ``(y [N, O], *new states)`` without
     complex tensors or data-dependent Python (the kind's own step is used otherwise).
 
@@ -160,8 +191,15 @@ class _RecurrentStep(nn.Module):
 
     def __init__(self, module: RecurrentModule) -> None:
         super().__init__()
-        build = _EXPORT_CELLS.get(module._current_config().kind.name, _KindStep)
-        self.cell = build(module)
+        kind = getattr(module, "cell", None)  # the cell kind's name, None for attention
+        build = _EXPORT_CELLS.get(kind if kind is not None else type(module).__name__)
+        if build is None and kind is None:
+            raise ExportError(
+                f"{type(module).__name__} has no cell kind and no export step registered. "
+                f"Fix: register_export_cell({type(module).__name__!r}, builder) with an "
+                f"nn.Module computing its step on tensors."
+            )
+        self.cell = (build or _KindStep)(module)
         self.in_keys = [_key(k) for k in module.in_keys]  # input, *states, is_init
         self.out_keys = [_key(k) for k in module.out_keys]
         self.state_specs = {

@@ -65,7 +65,7 @@ def _record(model: ActorCritic, n_envs: int = 3):
 
 
 MEMORIES = [("lstm", 1), ("gru", 1), ("mingru", 1), ("lru", 1), ("lstm", 2), ("lru", 2),
-            ("none", 1)]  # fmt: skip
+            ("transformer", 1), ("transformer", 2), ("none", 1)]  # fmt: skip
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "pt2"])
@@ -85,7 +85,8 @@ def test_exported_step_replays_recorded_episodes(tmp_path, fmt, memory, layers):
     run = _runner(path, fmt)
     names = [e["name"] for e in meta["inputs"]]
     states = [e for e in meta["inputs"] if e["role"] == "state"]
-    assert len(states) == {"lstm": 2, "gru": 1, "mingru": 1, "lru": 2, "none": 0}[memory]
+    n_states = {"lstm": 2, "gru": 1, "mingru": 1, "lru": 2, "transformer": 2, "none": 0}
+    assert len(states) == n_states[memory]
     carried = [torch.zeros(3, *e["shape"][1:]) for e in states]
     for t in range(STEPS):
         step = batch[:, t]
