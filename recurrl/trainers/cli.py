@@ -49,6 +49,7 @@ from recurrl.trainers.config import (
     RESUMABLE,
     SECTIONS,
     TrainConfig,
+    EnvConfig,
     field_docs,
     resume_conflicts,
 )
@@ -174,6 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_sweep_parser(sub)
     add_bench_parser(sub)
     add_export_parser(sub)
+    ev.add_argument(
+        "--engine", choices=typing.get_args(typing.get_type_hints(EnvConfig)["engine"]),
+        default=None,
+        help="what steps the evaluation envs (default: the run's own engine); the same task "
+        "on another engine draws its random starts differently: gymnasium plays the "
+        "episodes of gymnasium's env for the seed, as examples/deploy/run_onnx.py does",
+    )  # fmt: skip
     ext = sub.add_parser(
         "build-ext",
         help="compile the C++ kernels of --recurrent-backend cpp ahead of time",
@@ -600,7 +608,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     returns = evaluate(
         args.run_dir, episodes=args.episodes, seed=args.seed, deterministic=not args.sample,
-        progress=progress,
+        progress=progress, engine=args.engine,
     )  # fmt: skip
     print(_summary(returns))
     return 0

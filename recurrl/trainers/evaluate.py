@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -70,6 +71,7 @@ def evaluate(
     deterministic: bool = True,
     max_steps: int = 100_000,
     progress: Callable[[int, int], None] | None = None,
+    engine: str | None = None,
 ) -> list[float]:
     """Run ``episodes`` episodes (one per env, in parallel) and return their returns.
 
@@ -81,6 +83,10 @@ def evaluate(
             at the run's final epsilon).
         max_steps: give up when an episode is longer than this.
         progress: called as ``progress(done, episodes)`` whenever more episodes have ended.
+        engine: what steps the evaluation envs (an ``EnvConfig.engine`` value); default: the
+            run's own. The same task on another engine has the same dynamics but draws its
+            random starts differently: ``"gymnasium"`` gives the episodes of gymnasium's own
+            env for a seed, as the torch-free runner of ``examples/deploy`` plays them.
     """
     if episodes < 1:
         raise UsageError(
@@ -91,7 +97,13 @@ def evaluate(
     state = ckpt.load(run_dir)
     seed = cfg.run.seed + 1 if seed is None else seed
     torch.manual_seed(seed)
-    env = make_env(cfg.env, num_envs=episodes, seed=seed)
+    env_cfg = cfg.env
+    if engine is not None and engine != env_cfg.engine:
+        try:
+            env_cfg = dataclasses.replace(env_cfg, engine=engine)
+        except ValueError as err:  # the config's own check of the engine
+            raise UsageError(f"evaluate(engine={engine!r}): {err}") from err
+    env = make_env(env_cfg, num_envs=episodes, seed=seed)
     if cfg.algo == "dqn":  # greedy, or epsilon-greedy at the final training epsilon
         inputs = observation_inputs(env)  # the vector size and the image shape, if any
         model = QNetwork(cfg.model, inputs, env.action_spec.n, obs_scale=cfg.dqn.obs_scale)

@@ -296,6 +296,25 @@ def test_cli_export_and_the_torch_free_runner_match_recurrl_eval(tmp_path, capsy
     assert all(math.isfinite(r) for r in runner.run_episodes(sampled, episodes=2, seed=0))
 
 
+def test_a_run_on_the_torch_engine_plays_the_runners_episodes_with_eval_engine_gymnasium(
+    tmp_path, capsys
+):
+    """A run on the default engine (recurrl's torch CartPole): `recurrl eval --engine
+    gymnasium` plays gymnasium's episodes for a seed, the ones the runner plays."""
+    _need("onnx")
+    run_dir = _fixed_run(tmp_path, "--engine", "auto")
+    path = tmp_path / "p.onnx"
+    assert main(["export", str(run_dir), "-o", str(path)]) == 0
+    returns = _load_runner().run_episodes(path, episodes=5, seed=4)
+    assert returns == evaluate(run_dir, episodes=5, seed=4, engine="gymnasium")
+    assert len(set(returns)) > 1
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--episodes", "5", "--seed", "4", "--engine",
+                 "gymnasium"]) == 0  # fmt: skip
+    mean = sum(returns) / len(returns)
+    assert f"mean_return: {mean:.2f}" in capsys.readouterr().out
+
+
 def test_cli_options_and_errors(tmp_path, capsys):
     run_dir = _fixed_run(tmp_path)
     out = tmp_path / "p.pt2"
