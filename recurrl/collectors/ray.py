@@ -10,6 +10,7 @@ import math
 import os
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -158,6 +159,10 @@ class RayCollector:
             A replacement starts new episodes with new trajectory ids (the unfinished
             trajectory is dropped, never continued) and the current weights; a warning is
             logged.
+        max_restarts_per_minute: a rate limit on top of the budget: a failure that would be
+            the ``(n+1)``-th replacement within 60 s raises :class:`RemoteCollectorError`
+            instead (an env that crashes at once is not restarted in a loop). ``None``
+            (default): no rate limit.
         timeout: seconds a remote collector may take for a batch (or a call) before it is
             treated as hung: killed, then replaced or reported. Start-up is given at least
             60 s.
@@ -190,6 +195,7 @@ class RayCollector:
         max_weight_update_interval: int = -1,
         replay_buffer: Any = None,
         max_restarts: int = 0,
+        max_restarts_per_minute: int | None = None,
         timeout: float = 300.0,
     ) -> None:
         self._resources = _Resources()
@@ -245,6 +251,13 @@ class RayCollector:
                     f"sets them itself. Fix: pass frames_per_batch / total_frames to "
                     f"RayCollector; trajectory ids are laid out per remote collector."
                 )
+        rate = max_restarts_per_minute
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int) or rate < 1):
+            raise ValueError(
+                f"RayCollector: expected max_restarts_per_minute None or an int >= 1, received "
+                f"{rate!r}. Fix: e.g. max_restarts_per_minute=5, or None for no rate limit."
+            )
+        self.max_restarts_per_minute = rate
         self._collector_kwargs = kwargs
         self._env_fns = env_fns
         self.num_collectors = num_collectors
@@ -262,6 +275,9 @@ class RayCollector:
         self._version = 0
         self._seed: int | None = None
         self._restarts = 0
+        self._restart_times: deque[float] = deque()  # monotonic times of recent replacements
+        #: one entry per replaced remote collector: what happened and its remote traceback
+        self.faults: list[str] = []
         self._stride = num_collectors + max_restarts
         self._next_slot = num_collectors
         self._seq = itertools.count()
@@ -426,6 +442,11 @@ class RayCollector:
         self._version += 1
 
     @property
+    def restarts(self) -> int:
+        """Remote collectors replaced so far (saved in :meth:`state_dict`)."""
+        return self._restarts
+
+    @property
     def policy_version(self) -> int:
         """Version of the latest weights sent (0: the policy given at construction)."""
         return self._version
@@ -529,6 +550,19 @@ class RayCollector:
             w.requested -= 1  # that batch is lost
         with contextlib.suppress(Exception):  # already dead
             ray.kill(w.handle, no_restart=True)
+        now, rate = time.monotonic(), self.max_restarts_per_minute
+        while self._restart_times and now - self._restart_times[0] > 60.0:
+            self._restart_times.popleft()
+        if rate is not None and len(self._restart_times) >= rate:
+            error = RemoteCollectorError(
+                w.index,
+                what + f" {len(self._restart_times)} replacements within the last minute "
+                f"already (max_restarts_per_minute={rate}): the failure repeats, so it is not "
+                f"replaced again; everything is shut down. Fix: the remote error below.",
+                remote_traceback,
+            )
+            self.shutdown()
+            raise error
         if self._restarts >= self.max_restarts or self._next_slot >= self._stride:
             error = RemoteCollectorError(
                 w.index,
@@ -540,19 +574,18 @@ class RayCollector:
             self.shutdown()
             raise error
         self._restarts += 1
+        self._restart_times.append(now)
         old, w.slot = w.slot, self._next_slot
         self._next_slot += 1
-        logger.warning(
-            "RayCollector: remote collector %d (slot %d) %s Replaced by a new actor in slot %d "
-            "(replacement %d of %d); its unfinished trajectories are dropped.%s",
-            w.index,
-            old,
-            what,
-            w.slot,
-            self._restarts,
-            self.max_restarts,
-            f"\n{remote_traceback}" if remote_traceback else "",
+        # one line (a log of a long run stays readable); the remote traceback is kept in
+        # self.faults for whoever wants it (recurrl train writes it to run_dir/error.log)
+        message = (
+            f"RayCollector: remote collector {w.index} (slot {old}) {what} Replaced by a new "
+            f"actor in slot {w.slot} (replacement {self._restarts} of {self.max_restarts}); "
+            f"its unfinished trajectories are dropped."
         )
+        self.faults.append(f"{message}\n{remote_traceback}" if remote_traceback else message)
+        logger.warning("%s", message)
         try:
             self._start([w])
         except RemoteCollectorError:

@@ -27,6 +27,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -48,8 +49,8 @@ from recurrl.trainers.config import (
     ALGOS,
     RESUMABLE,
     SECTIONS,
-    TrainConfig,
     EnvConfig,
+    TrainConfig,
     field_docs,
     resume_conflicts,
 )
@@ -59,6 +60,7 @@ from recurrl.trainers.export import add_export_parser, run_export
 from recurrl.trainers.plugins import load_plugins
 from recurrl.trainers.run_lock import lock_run_dir
 from recurrl.trainers.suites import Recipe, recipe_for
+from recurrl.trainers.supervisor import failure_report, in_child, kill_hook, supervise
 from recurrl.trainers.sweep import add_sweep_parser, run_sweep, split_train_argv
 
 __all__ = ["build_parser", "config_from_args", "main"]
@@ -172,9 +174,6 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--sample", action="store_true", help="sample actions instead of the most likely one"
     )
-    add_sweep_parser(sub)
-    add_bench_parser(sub)
-    add_export_parser(sub)
     ev.add_argument(
         "--engine", choices=typing.get_args(typing.get_type_hints(EnvConfig)["engine"]),
         default=None,
@@ -182,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
         "on another engine draws its random starts differently: gymnasium plays the "
         "episodes of gymnasium's env for the seed, as examples/deploy/run_onnx.py does",
     )  # fmt: skip
+    add_sweep_parser(sub)
+    add_bench_parser(sub)
+    add_export_parser(sub)
     ext = sub.add_parser(
         "build-ext",
         help="compile the C++ kernels of --recurrent-backend cpp ahead of time",
@@ -495,6 +497,8 @@ def _train(args: argparse.Namespace, signals: _Signals) -> int:
     cfg = config_from_args(args)
     _check_device(cfg.run.device)
     _check_backend(cfg)
+    if cfg.run.resume_on_failure and not in_child():
+        return _supervised(args, cfg)
     if not args.resume:
         _say_recipe(args, cfg)
     _say_rounded_frames(args, cfg)
@@ -516,6 +520,20 @@ def _train(args: argparse.Namespace, signals: _Signals) -> int:
         _write_config(cfg, run_dir)
         started()
         return _run(trainer, cfg, run_dir, signals)
+
+
+def _supervised(args: argparse.Namespace, cfg: TrainConfig) -> int:
+    """``--resume-on-failure N``: the same command in a child process, restarted from the
+    run's last checkpoint when it dies (:mod:`~recurrl.trainers.supervisor`)."""
+    argv = list(args.command_argv)
+    if args.resume:
+        run_dir = Path(args.resume)
+    else:
+        if cfg.run.run_dir is None:  # chosen once: every restart continues the same run
+            cfg.run.run_dir = _default_run_dir(cfg)
+            argv += ["--run-dir", cfg.run.run_dir]
+        run_dir = Path(cfg.run.run_dir)
+    return supervise(argv, run_dir, retries=cfg.run.resume_on_failure, prog=_prog())
 
 
 def _resume(cfg: TrainConfig, run_dir: Path, signals: _Signals, *, trust: bool) -> int:
@@ -566,7 +584,7 @@ def _run(trainer: Any, cfg: TrainConfig, run_dir: Path, signals: _Signals) -> in
     resume = f"{_prog()} train --resume {shlex.quote(str(run_dir))}"
     signals.training = True
     try:
-        trainer.train(stop=signals.stop)
+        trainer.train(stop=kill_hook(signals.stop, trainer))
     except Interrupted as err:
         then = (
             f"{resume} continues from the last checkpoint."
@@ -577,6 +595,14 @@ def _run(trainer: Any, cfg: TrainConfig, run_dir: Path, signals: _Signals) -> in
         print(f"stopped by {name} without saving the current batch; {then}", file=sys.stderr)
         print(run_dir)
         return 128 + err.signum
+    except UsageError:
+        raise
+    except Exception as err:  # one paragraph; the traceback goes to run_dir/error.log
+        with contextlib.suppress(Exception):  # e.g. a Ray collector already shut down
+            trainer.collector.shutdown()
+        print(failure_report(err, run_dir, saved_frames=_saved_frames(run_dir), prog=_prog()),
+              file=sys.stderr, flush=True)  # fmt: skip
+        return 1
     finally:
         signals.training = False
     frames, target = trainer.collector.frames, _section(cfg).frames
@@ -595,6 +621,18 @@ def _run(trainer: Any, cfg: TrainConfig, run_dir: Path, signals: _Signals) -> in
         print(f"greedy evaluation: {_summary(returns)}")
     print(run_dir)
     return 0
+
+
+def _saved_frames(run_dir: Path) -> int | None:
+    """The frames of ``run_dir``'s checkpoint (None: none, or one that cannot be read)."""
+    from recurrl.trainers import checkpoint as ckpt
+
+    if not (run_dir / CHECKPOINT).exists():
+        return None
+    try:
+        return int(ckpt.load(run_dir)["frames"])
+    except Exception:  # the report says what it can
+        return None
 
 
 def _summary(returns: list[float]) -> str:
@@ -622,9 +660,18 @@ def _plain_warnings(prog: str) -> Iterator[None]:
     def show(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
         print(f"{prog}: warning: {' '.join(str(message).split())}", file=sys.stderr)
 
-    with warnings.catch_warnings():
-        warnings.showwarning = show
-        yield
+    # the library's log warnings too (e.g. a replaced Ray worker): one line each on stderr
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter(f"{prog}: warning: %(message)s"))
+    library = logging.getLogger("recurrl")
+    library.addHandler(handler)
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = show
+            yield
+    finally:
+        library.removeHandler(handler)
 
 
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
@@ -644,8 +691,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     are imported first, so the memories and backends they register are valid options.
 
     0: done. 2: a usage error (argparse's, or a :class:`~recurrl.trainers.errors.UsageError`:
-    one line on stderr). 130 / 143: stopped by SIGINT / SIGTERM. Any other exception is an
-    internal error and propagates (traceback, status 1).
+    one line on stderr). 130 / 143: stopped by SIGINT / SIGTERM. 1: the training failed
+    (one paragraph on stderr: what died, where, what was saved, the resume command; the
+    traceback in ``run_dir/error.log``). Any other exception (e.g. while the run starts) is
+    an internal error and propagates (traceback, status 1).
     """
     try:  # first: a plugin's memories and backends are choices of the parser
         load_plugins()
@@ -658,6 +707,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] in (["sweep"], ["bench"]):  # `recurrl sweep [options] -- <train options>`
         argv, train_argv = split_train_argv(argv)
     args = _parse(parser, argv)
+    args.command_argv = argv  # --resume-on-failure runs the same command in a child
     signals = _Signals()
     try:
         with signals.installed(), _plain_warnings(f"recurrl {args.command}"):

@@ -95,10 +95,13 @@ def make_collector(
     (built by the recipe to read the specs) is closed, and ``cfg.env.workers`` Ray actors
     each build ``make_env(cfg.env, num_envs=cfg.env.worker_envs())`` and collect with a CPU
     copy of ``policy``; they are seeded ``cfg.run.seed + i * 1_000_003`` (distinct,
-    reproducible). With ``replay_buffer`` (a :class:`~recurrl.data.RayReplayBuffer`) the
-    workers write their batches there, asynchronously; otherwise batches are gathered from
-    every worker and the weights are sent after every batch (each batch is collected with
-    the weights of the moment the previous one was consumed: on-policy).
+    reproducible). A worker that crashes or is killed is replaced up to
+    ``cfg.run.max_restarts`` times per run (at most ``cfg.run.max_restarts_per_minute`` a
+    minute); its replacement starts new episodes. With ``replay_buffer`` (a
+    :class:`~recurrl.data.RayReplayBuffer`) the workers write their batches there,
+    asynchronously; otherwise batches are gathered from every worker and the weights are sent
+    after every batch (each batch is collected with the weights of the moment the previous
+    one was consumed: on-policy).
 
     ``policy`` may also be a list of ``cfg.env.workers`` policies (``ray`` only): worker
     ``i`` builds its own from a CPU copy of ``policy[i]`` (e.g. with its own exploration)
@@ -138,6 +141,8 @@ def make_collector(
         update_after_each_batch=replay_buffer is None,
         replay_buffer=replay_buffer,
         collector_kwargs=per_worker,
+        max_restarts=cfg.run.max_restarts,
+        max_restarts_per_minute=cfg.run.max_restarts_per_minute,
     )
     collector.set_seed(cfg.run.seed)
     return collector

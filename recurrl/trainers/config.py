@@ -436,6 +436,20 @@ class RunConfig:
     """Output directory; default runs/<env>-[dqn-]<memory>-s<seed>-<date-time>."""
     checkpoint_every: int = 10_000
     """Save run_dir/checkpoint.pt every this many frames (and always at the end)."""
+    checkpoint_every_s: float | None = None
+    """Also save it when this many seconds have passed since the last save (at the next batch
+    boundary), e.g. 600 on preemptible nodes; None: by frames only."""
+    max_restarts: int = 3
+    """With --collector ray: Ray workers that may be replaced per run when they crash or are
+    killed (a replacement starts new episodes); one more failure ends the run. A resumed run
+    keeps its budget (it shapes the trajectory ids)."""
+    max_restarts_per_minute: int | None = 5
+    """With --collector ray: a failure that would be the (n+1)-th worker replacement within 60
+    s ends the run instead (an env that crashes at once is not restarted in a loop); None: no
+    rate limit."""
+    resume_on_failure: int = 0
+    """Run the training in a child process and, when it dies (killed, or an internal error),
+    resume it from its last checkpoint up to this many times (0: no child, no restarts)."""
     num_threads: int = 1
     """torch intra-op threads (0: torch's default); small networks run fastest on one."""
     tensorboard: bool = True
@@ -461,7 +475,14 @@ class RunConfig:
     def __post_init__(self) -> None:
         finite(self)
         positive("RunConfig", checkpoint_every=self.checkpoint_every)
-        for name in ("num_threads", "eval_episodes"):
+        if self.max_restarts_per_minute is not None:
+            positive("RunConfig", max_restarts_per_minute=self.max_restarts_per_minute)
+        if self.checkpoint_every_s is not None and not self.checkpoint_every_s > 0:
+            raise ValueError(
+                f"RunConfig: checkpoint_every_s must be > 0 (or None: by frames only), received "
+                f"{self.checkpoint_every_s}."
+            )
+        for name in ("num_threads", "eval_episodes", "max_restarts", "resume_on_failure"):
             if getattr(self, name) < 0:
                 raise ValueError(f"RunConfig: {name} must be >= 0, received {getattr(self, name)}.")
         import torch
@@ -483,6 +504,7 @@ SAVED_BEFORE: dict[tuple[str, str], Any] = {
     ("dqn", "sampler"): "slice",
     ("dqn", "priority_uniform_mix"): 0.0,
     ("model", "image_encoder"): "cnn",
+    ("run", "max_restarts"): 0,
 }
 #: ``EnvConfig.num_envs`` when it is None: the number each algorithm's recipe was tuned with
 DEFAULT_NUM_ENVS = {"ppo": 20, "dqn": 8}
@@ -710,6 +732,7 @@ RESUMABLE: frozenset[str] = frozenset({
     "ppo.frames", "dqn.frames", "run.run_dir", "run.device", "run.checkpoint_every",
     "run.num_threads", "run.tensorboard", "run.plot", "run.eval_episodes", "run.quiet",
     "run.save_simulator", "run.ray_address", "model.recurrent_backend", "env.engine",
+    "run.checkpoint_every_s", "run.max_restarts_per_minute", "run.resume_on_failure",
 })  # fmt: skip
 
 

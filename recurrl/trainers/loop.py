@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from pathlib import Path
-from time import perf_counter
+from time import monotonic, perf_counter
 from typing import Any, ClassVar
 
 import torch
@@ -24,7 +24,10 @@ from recurrl.trainers.config import TrainConfig
 from recurrl.trainers.logger import MetricsLogger, plot_learning_curve
 from recurrl.trainers.models import make_env
 
-__all__ = ["Trainer"]
+__all__ = ["ERROR_LOG", "Trainer"]
+
+#: the run directory's log of failures (worker replacements, a run that ended on an error)
+ERROR_LOG = "error.log"
 
 
 class Trainer:
@@ -53,9 +56,13 @@ class Trainer:
     down for the rest of the run; ``fps_mean``: since :meth:`Trainer.train` started;
     ``time_s``: seconds since then), goes to ``metrics.csv`` (and TensorBoard) and, unless
     ``cfg.run.quiet``, to a progress line. A checkpoint is written when the frames cross a
-    multiple of ``cfg.run.checkpoint_every``, at the last batch, and when ``stop`` is set (then
-    the loop returns). After the loop: ``close()``, and the learning curve is plotted if the run
-    trained all its frames.
+    multiple of ``cfg.run.checkpoint_every``, when ``cfg.run.checkpoint_every_s`` seconds (if
+    set) have passed since the last one (or since the start), at the last batch, and when
+    ``stop`` is set (then the loop returns). With a collector that replaces failed workers (a
+    :class:`~recurrl.collectors.RayCollector`), the row also holds ``worker_restarts``: the
+    replacements so far in the run, each of whose failures (remote traceback included) is
+    appended to ``run_dir/error.log``. After the loop: ``close()``, and the learning curve is
+    plotted if the run trained all its frames.
 
     The constructor builds, in this order: ``run_dir``, ``device``, torch's thread
     count, the seeds (torch, numpy, python), ``env``
@@ -218,7 +225,8 @@ class Trainer:
         Returns the run directory.
         """
         total, per_batch = self.section.frames, self.section.frames_per_batch
-        every = self.cfg.run.checkpoint_every
+        every, every_s = self.cfg.run.checkpoint_every, self.cfg.run.checkpoint_every_s
+        saved_at = monotonic()
         limit = total if stop_after is None else min(stop_after, total)
         start = last = perf_counter()
         start_frames = last_frames = self.collector.frames
@@ -231,13 +239,16 @@ class Trainer:
             row["fps_mean"] = (frames - start_frames) / max(now - start, 1e-9)
             row["time_s"] = now - start
             last, last_frames = now, frames
+            self._track_worker_restarts(row)
             self.logger.log(row)
             if not self.cfg.run.quiet:
                 print(self.progress_line(row), flush=True)
             stopping = stop is not None and stop.is_set()
             due = frames // every > (frames - per_batch) // every
+            due = due or (every_s is not None and monotonic() - saved_at >= every_s)
             if due or frames >= limit or stopping:
                 self.checkpoint()
+                saved_at = monotonic()
             if stopping:
                 break
         self.close()
@@ -245,6 +256,22 @@ class Trainer:
             title = f"{self.algo.upper()} {self.cfg.model.memory} on {self.cfg.env.env}"
             plot_learning_curve(self.run_dir, title=title)
         return self.run_dir
+
+    def _track_worker_restarts(self, row: dict[str, Any]) -> None:
+        """``row["worker_restarts"]`` for a collector that replaces failed workers; their new
+        failures appended to ``run_dir/error.log``."""
+        restarts = getattr(self.collector, "restarts", None)
+        if restarts is None:
+            return
+        row["worker_restarts"] = restarts
+        faults = getattr(self.collector, "faults", [])
+        written = getattr(self, "_faults_written", 0)
+        if len(faults) > written:
+            with (self.run_dir / ERROR_LOG).open("a") as f:
+                for fault in faults[written:]:
+                    f.write(f"--- frame {self.collector.frames}: a Ray worker was replaced\n")
+                    f.write(fault.rstrip() + "\n")
+            self._faults_written = len(faults)
 
     def progress_line(self, row: dict[str, Any]) -> str:
         """The progress line of ``row``: ``frames 2000/50000 | 1900 fps | return 27.0 (last 20
