@@ -25,6 +25,7 @@ import atexit
 import contextlib
 import ctypes
 import functools
+import gc
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -100,6 +101,18 @@ def _watch_parent(parent_pid: int) -> None:
     os._exit(1)  # from a thread: exits the whole process, skipping cleanup that may hang
 
 
+def _keep_inherited_objects() -> None:
+    """In a worker, never collect the objects it inherited from its parent (``gc.freeze``).
+
+    A forked child holds a copy of the parent's heap, garbage cycles included. Some objects
+    own native threads of the parent (an onnxruntime session, a C++ thread pool): destroyed
+    in the child, they would join threads that do not exist there, which aborts it
+    (``std::system_error``). Frozen, inherited cycles are never collected here, and a
+    forked worker ends by ``os._exit``, so their destructors never run in it.
+    """
+    gc.freeze()
+
+
 def _die_with_parent(expected_parent: int | None, death_signal: bool) -> None:
     if death_signal:
         _set_parent_death_signal()
@@ -136,6 +149,7 @@ def _worker(
     # A forked worker inherits the parent's SIGTERM handler (recurrl train's stop request,
     # Ray's driver handler, ...): restore the default, so that terminate() ends the worker.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _keep_inherited_objects()
     _die_with_parent(expected_parent, death_signal)
     _async_worker(
         index, env_fn, pipe, parent_pipe, shared_memory, error_queue, autoreset_mode, semaphore

@@ -47,6 +47,7 @@ from recurrl.envs.gym_async import (
     _die_with_parent,
     _drain_until_exit,
     _join_all,
+    _keep_inherited_objects,
     _RemoteTraceback,
 )
 
@@ -84,6 +85,7 @@ def _worker(
     # A forked worker inherits the parent's SIGTERM handler (recurrl train's stop request,
     # a Ray driver's): restore the default, so that terminate() ends the worker.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _keep_inherited_objects()
     _die_with_parent(expected_parent, death_signal)
     # Ctrl-C goes to the whole process group: the main process handles it (and stops the
     # workers); a worker interrupted mid-answer would only desynchronize its pipe.

@@ -8,6 +8,7 @@ with a timeout. Workers start with the default method (fork on Linux) unless a t
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import pickle
 import select
@@ -280,3 +281,23 @@ def test_workers_die_with_a_sigkilled_main_process():
         for pid in pids:
             if not gone(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+
+def _cartpole_in_a_frozen_heap(parent: int):
+    import gc
+
+    if os.getpid() != parent and gc.get_freeze_count() == 0:  # in a worker
+        raise RuntimeError("the worker may collect the objects it inherited")
+    return GymEnv("CartPole-v1")
+
+
+def test_a_forked_worker_never_collects_what_it_inherited():
+    """A forked worker freezes the heap it inherited (gc.freeze): garbage of the parent
+    that owns the parent's native threads is never destroyed there."""
+    make = functools.partial(_cartpole_in_a_frozen_heap, os.getpid())
+    env = ParallelEnv(2, make, mp_start_method="fork", step_timeout=60)
+    try:
+        assert env.reset().batch_size == torch.Size([2])
+    finally:
+        env.close()
