@@ -614,8 +614,8 @@ class Collector:
                 and trajectories go on where the thread left them.
 
         Raises:
-            the exception the thread raised, if it failed and that was not reported yet
-            (after the env is closed).
+            Exception: the one the thread raised, if it failed and that was not reported
+                yet (after the env is closed).
         """
         self._stop_thread(timeout)
         if close_env:

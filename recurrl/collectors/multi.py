@@ -198,8 +198,12 @@ class MultiSyncCollector(_MultiCollector):
             (:class:`~recurrl.data.RayReplayBuffer`; a local ``ReplayBuffer`` is refused:
             each worker would fill its own copy). Iterating then yields ``None`` per batch.
         extend_buffer: only ``True`` (whole batches are written).
-        ray_init_config, remote_configs, max_weight_update_interval, max_restarts,
-            timeout: as for :class:`~recurrl.collectors.RayCollector`.
+        ray_init_config: as for :class:`~recurrl.collectors.RayCollector`, like the
+            four below.
+        remote_configs: as for ``RayCollector``.
+        max_weight_update_interval: as for ``RayCollector``.
+        max_restarts: as for ``RayCollector``.
+        timeout: as for ``RayCollector``.
 
     Other reference arguments (``max_frames_per_traj``, ``postproc``, ``num_threads``,
     ...) raise ``TypeError`` naming what to do instead.
