@@ -728,7 +728,11 @@ class Composite(TensorSpec):
         )
 
     def _zero_value(self, shape: torch.Size) -> torch.Tensor:  # pragma: no cover
-        raise NotImplementedError
+        raise NotImplementedError(
+            "Composite.zero() builds each leaf spec's zeros; there is no single tensor."
+        )
 
     def _values_in(self, value: torch.Tensor) -> bool:  # pragma: no cover
-        raise NotImplementedError
+        raise NotImplementedError(
+            "Composite.is_in() checks each leaf of a TensorDict; a single tensor is not one."
+        )

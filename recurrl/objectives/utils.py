@@ -39,7 +39,10 @@ class TargetNetUpdater:
 
     def step(self) -> None:
         """Call once per optimizer step."""
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement step(), the hook of a "
+            f"TargetNetUpdater. Fix: use SoftUpdate or HardUpdate, or define step()."
+        )
 
 
 class HardUpdate(TargetNetUpdater):

@@ -79,7 +79,10 @@ class PerKeyObservationTransform(Transform):
 
     # --- the override points -------------------------------------------------------------
     def _apply_transform(self, observation: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement _apply_transform(observation), the "
+            f"hook of a PerKeyObservationTransform. Fix: define it (one key's new value)."
+        )
 
     def _transform_spec(self, spec: TensorSpec) -> TensorSpec:
         return spec.clone()

@@ -54,6 +54,15 @@ def _check_shape(what: str, tensor: Tensor, expected: tuple[int, ...]) -> None:
         )
 
 
+
+def _missing_hook(net: object, hook: str) -> str:
+    """What a python-native network without one of its cell's hooks is told."""
+    return (
+        f"{type(net).__name__} does not implement {hook}, one of the four hooks of a "
+        f"python-native recurrent network (_state_sizes, _unpack_hx, _input_bias, _step). "
+        f"Fix: define it, as LSTM and GRU in recurrl/modules/nets/rnn.py do."
+    )
+
 class _CellBase(nn.Module):
     """Parameters, initialisation and input checks shared by :class:`LSTMCell` and
     :class:`GRUCell`; subclasses set the gate count and write ``forward``."""
@@ -326,18 +335,18 @@ class _RecurrentBase(nn.Module):
 
     def _state_sizes(self) -> tuple[int, ...]:
         """Feature size of each state entry (the first one is the layer's output)."""
-        raise NotImplementedError
+        raise NotImplementedError(_missing_hook(self, "_state_sizes()"))
 
     def _unpack_hx(self, hx: object) -> tuple[Tensor, ...] | None:
-        raise NotImplementedError
+        raise NotImplementedError(_missing_hook(self, "_unpack_hx(hx)"))
 
     def _input_bias(self, layer: int) -> Tensor | None:
         """The bias added to the precomputed input projection of ``layer``."""
-        raise NotImplementedError
+        raise NotImplementedError(_missing_hook(self, "_input_bias(layer)"))
 
     def _step(self, x_proj: Tensor, state: tuple[Tensor, ...], layer: int) -> tuple[Tensor, ...]:
         """One recurrent step of ``layer`` from the input projection ``x_proj [B, G*H]``."""
-        raise NotImplementedError
+        raise NotImplementedError(_missing_hook(self, "_step(x_proj, state, layer)"))
 
     # -- unroll ----------------------------------------------------------------------------
 

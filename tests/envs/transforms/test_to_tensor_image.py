@@ -91,3 +91,13 @@ def test_errors():
         ToTensorImage()._apply_transform(torch.zeros(3, 4))
     with pytest.raises(KeyError, match="no observation 'pixels'"):
         TransformedEnv(CountingEnv(), ToTensorImage())
+
+
+def test_a_per_key_transform_without_its_hook_names_it():
+    from recurrl.envs.transforms._per_key import PerKeyObservationTransform
+
+    class Mine(PerKeyObservationTransform):
+        pass
+
+    with pytest.raises(NotImplementedError, match="Mine does not implement _apply_transform"):
+        Mine(in_keys=["pixels"])._apply_transform(torch.zeros(1))

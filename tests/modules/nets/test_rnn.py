@@ -327,3 +327,14 @@ def test_cell_errors(cls: type) -> None:
         cell(torch.randn(F_IN), _hx(cls is LSTMCell, B))
     with pytest.raises(TypeError, match="hidden_size should be an int"):
         cls(F_IN, "5")
+
+
+def test_a_network_without_its_hooks_names_them():
+    from recurrl.modules.nets.rnn import _missing_hook
+
+    class Half:
+        pass
+
+    message = _missing_hook(Half(), "_step(x_proj, state, layer)")
+    assert message.startswith("Half does not implement _step(x_proj, state, layer)")
+    assert "_state_sizes, _unpack_hx, _input_bias, _step" in message
