@@ -260,3 +260,40 @@ class CollectorWorker:
         elif self.env is not None:
             self.env.close()
         return True
+
+
+class RemoteCollectorError(RuntimeError):
+    """A remote collector of a :class:`RayCollector` failed (raised, died or hung).
+
+    Attributes:
+        worker_id: index of the remote collector (``0 <= worker_id < num_collectors``).
+        remote_traceback: the remote traceback text (or Ray's description of the death).
+    """
+
+    def __init__(self, worker_id: int, message: str, remote_traceback: str = "") -> None:
+        self.worker_id = worker_id
+        self.remote_traceback = remote_traceback
+        text = f"RayCollector: remote collector {worker_id} {message}"
+        if remote_traceback:
+            text += f"\n--- remote traceback (collector {worker_id}) ---\n{remote_traceback}"
+        super().__init__(text)
+
+
+_REMOTE_CLASS: Any = None
+
+
+def remote_worker_class() -> Any:
+    """:class:`CollectorWorker` as a Ray actor class (made once)."""
+    import ray
+
+    global _REMOTE_CLASS
+    if _REMOTE_CLASS is None:
+        _REMOTE_CLASS = ray.remote(CollectorWorker)
+    return _REMOTE_CLASS
+
+
+#: Keys of the remote ``Collector`` that the RayCollector sets itself.
+RESERVED_KWARGS = frozenset(
+    {"env", "policy", "frames_per_batch", "total_frames", "traj_id_offset", "traj_id_stride",
+     "replay_buffer"}  # RayCollector(replay_buffer=...): the worker's copy would keep the data
+)  # fmt: skip

@@ -36,7 +36,13 @@ from recurrl.collectors._ray_driver import (
     _Worker,
 )
 from recurrl.collectors._ray_wire import as_tensordict, unpack
-from recurrl.collectors._ray_worker import CollectorWorker, from_plain, to_plain
+from recurrl.collectors._ray_worker import (
+    RESERVED_KWARGS,
+    RemoteCollectorError,
+    from_plain,
+    remote_worker_class,
+    to_plain,
+)
 from recurrl.envs import EnvBase
 
 __all__ = ["SEED_STRIDE", "RayCollector", "RemoteCollectorError"]
@@ -45,43 +51,11 @@ logger = logging.getLogger(__name__)
 
 #: Remote collector ``i`` (slot ``i``) is seeded with ``seed + i * SEED_STRIDE``.
 SEED_STRIDE = 1_000_003
-#: Keys of the remote ``Collector`` that the RayCollector sets itself.
-_RESERVED_KWARGS = frozenset(
-    {"env", "policy", "frames_per_batch", "total_frames", "traj_id_offset", "traj_id_stride",
-     "replay_buffer"}  # RayCollector(replay_buffer=...): the worker's copy would keep the data
-)  # fmt: skip
 #: Actor start-up (process launch, env construction) is given at least this long.
 _MIN_START_TIMEOUT = 60.0
 #: Blocking waits are cut in slices this long so that signals (Ctrl-C) are handled.
 _WAIT_SLICE = 0.5
 _STATE_FORMAT = 1
-
-
-class RemoteCollectorError(RuntimeError):
-    """A remote collector of a :class:`RayCollector` failed (raised, died or hung).
-
-    Attributes:
-        worker_id: index of the remote collector (``0 <= worker_id < num_collectors``).
-        remote_traceback: the remote traceback text (or Ray's description of the death).
-    """
-
-    def __init__(self, worker_id: int, message: str, remote_traceback: str = "") -> None:
-        self.worker_id = worker_id
-        self.remote_traceback = remote_traceback
-        text = f"RayCollector: remote collector {worker_id} {message}"
-        if remote_traceback:
-            text += f"\n--- remote traceback (collector {worker_id}) ---\n{remote_traceback}"
-        super().__init__(text)
-
-
-_REMOTE_CLASS: Any = None
-
-
-def _remote_worker_class() -> Any:
-    global _REMOTE_CLASS
-    if _REMOTE_CLASS is None:
-        _REMOTE_CLASS = ray.remote(CollectorWorker)
-    return _REMOTE_CLASS
 
 
 class RayCollector:
@@ -244,7 +218,7 @@ class RayCollector:
         self._remote_configs = [{"num_cpus": 1, **c} for c in configs]
         kwargs = _per_worker(collector_kwargs, num_collectors, "collector_kwargs", dict)
         for c in kwargs:
-            reserved = sorted(_RESERVED_KWARGS & set(c))
+            reserved = sorted(RESERVED_KWARGS & set(c))
             if reserved:
                 raise ValueError(
                     f"RayCollector: collector_kwargs may not set {reserved}: the RayCollector "
@@ -336,7 +310,7 @@ class RayCollector:
 
     def _start(self, workers: list[_Worker]) -> None:
         """Create the actors of ``workers`` (their slots set), check their envs, set them up."""
-        cls = _remote_worker_class()
+        cls = remote_worker_class()
         for w in workers:
             w.handle = cls.options(**self._remote_configs[w.index]).remote(
                 self._env_fns[w.index], w.index

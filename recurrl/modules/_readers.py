@@ -3,15 +3,16 @@
 They read the input, ``is_init`` and the stored states from a TensorDict, convert what can be
 converted without guessing (0/1 integer flags, states of another float dtype) and raise
 naming the key, what was expected, what was received and the fix otherwise. The module's fast
-paths decline to these on anything unusual, and the tests use them as the oracle.
+paths decline to these on anything unusual, and the tests use them as the oracle. A call with
+tensors instead of a TensorDict (``module(obs=x, is_init=m, ...)``) is read here too.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 from torch import Tensor
 
@@ -148,3 +149,51 @@ class CheckedReaders:
                 )
             states.append(value if value.dtype == like.dtype else value.to(like.dtype))
         return tuple(states)
+
+    def _forward_tensors(
+        self, first: Tensor | None, args: tuple[Tensor, ...], kwargs: dict[str, Any]
+    ) -> Tensor | tuple[Tensor, ...]:
+        """``forward`` called with tensors: TensorDict in, the ``out_keys`` tensors out."""
+        name = type(self).__name__
+        positional = ([] if first is None else [first]) + list(args)
+        names = ["_".join(_as_key(key)) for key in self.in_keys]
+        if len(positional) > len(names):
+            raise TypeError(
+                f"{name}: at most {len(names)} positional tensors ({names}), got {len(positional)}."
+            )
+        values: dict[NestedKey, Tensor] = {}
+        for key, kw in zip(self.in_keys, names, strict=True):
+            if positional:
+                if kw in kwargs:
+                    raise RuntimeError(f"{name}: {kw!r} given both positionally and by keyword.")
+                values[key] = positional.pop(0)
+            elif kw in kwargs:
+                values[key] = kwargs.pop(kw)
+        if kwargs:
+            raise TypeError(
+                f"{name}: unexpected keyword argument(s) {sorted(kwargs)}. Called with tensors, "
+                f"the module takes its in_keys as keywords: {names} (a nested key's parts "
+                f"joined with '_'), or a TensorDict."
+            )
+        x = values.get(self.in_keys[0])
+        if not isinstance(x, Tensor):
+            raise TypeError(
+                f"{name}: called without a TensorDict, the input {names[0]}=<tensor> is "
+                f"required (got {type(x).__name__}); the module's keywords are {names}."
+            )
+        batch = x.shape[:-1]
+        for key, kw in zip(self.in_keys, names, strict=True):
+            value = values.get(key)
+            if value is not None and (
+                not isinstance(value, Tensor) or value.shape[: len(batch)] != batch
+            ):
+                shape = list(value.shape) if isinstance(value, Tensor) else type(value).__name__
+                raise ValueError(
+                    f"{name}: {kw}= must be a tensor whose leading dims are the input's batch "
+                    f"dims {list(batch)} (the input {names[0]} is {list(x.shape)} = [*B, "
+                    f"features]), got {shape}."
+                )
+        td = TensorDict(values, batch_size=batch, device=x.device)
+        out = self.forward(td)
+        results = tuple(out.get(key) for key in self.out_keys)
+        return results[0] if len(results) == 1 else results

@@ -16,7 +16,6 @@ Two execution modes (see :class:`~recurrl.modules.set_recurrent_mode`):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -27,9 +26,7 @@ from torch import Tensor, nn
 from torch.nn.modules import module as _torch_module
 
 from recurrl.functional.recurrent import (
-    RecurrentOptions,
     RNNConfig,
-    check_recurrent_options,
     fused_runner,
     recurrent_step,
     recurrent_unroll,
@@ -38,6 +35,7 @@ from recurrl.modules._arg_docs import complete_arguments_doc
 from recurrl.modules._env_transforms import env_transform_builders
 from recurrl.modules._fast_step import StepPlan, fast_step, step_plan
 from recurrl.modules._readers import IS_INIT_KEY, CheckedReaders, _as_key, _show
+from recurrl.modules._settings import RecurrentSettings
 from recurrl.modules.recurrent_mode import _current
 
 __all__ = ["RecurrentModule"]
@@ -77,7 +75,7 @@ def _check_layout(name: str, batch_first: object, bidirectional: object) -> None
         )
 
 
-class RecurrentModule(CheckedReaders, TensorDictModuleBase):
+class RecurrentModule(RecurrentSettings, CheckedReaders, TensorDictModuleBase):
     """Base class of the recurrent TensorDict modules: their keys, their two modes and their
     constructor, the one every recurrent module shares (:class:`LSTMModule`,
     :class:`GRUModule`, :class:`MinGRUModule`, :class:`LRUModule` are named entry points to
@@ -447,87 +445,6 @@ class RecurrentModule(CheckedReaders, TensorDictModuleBase):
         return RNNConfig(self._mode, rnn.input_size, rnn.hidden_size, rnn.num_layers,
                          bool(rnn.bias), float(rnn.dropout), proj)  # fmt: skip
 
-    def _checked(
-        self, backend: str, recompute: str, compute_dtype: torch.dtype, precision: str, *,
-        python_based: bool, device: torch.device | str | None, proj_size: int,
-    ) -> RecurrentOptions:  # fmt: skip
-        """The validated :class:`RecurrentOptions` of these settings for this module's cell,
-        errors prefixed with the class name."""
-        try:
-            return check_recurrent_options(
-                backend, recompute, python_based=python_based, device=device,
-                proj_size=proj_size, mode=self._mode, compute_dtype=compute_dtype,
-                matmul_precision=precision,
-            )  # fmt: skip
-        except ValueError as err:
-            raise ValueError(f"{type(self).__name__}: {err}") from None
-
-    def _replaced(self, **changes: Any) -> RecurrentOptions:
-        """The module's options with ``changes``, validated as a whole."""
-        o = replace(self._recurrent_options, **changes) if changes else self._recurrent_options
-        return self._checked(
-            o.backend, o.recompute, o.compute_dtype, o.matmul_precision,
-            python_based=self.python_based, device=next(self.rnn.parameters()).device,
-            proj_size=self._cfg.proj_size,
-        )  # fmt: skip
-
-    @property
-    def recurrent_options(self) -> RecurrentOptions:
-        """The recurrent-mode settings as one frozen
-        :class:`~recurrl.functional.recurrent.RecurrentOptions`, forwarded unchanged to
-        :func:`~recurrl.functional.recurrent.recurrent_unroll`. Assignable (validated)."""
-        return self._recurrent_options
-
-    @recurrent_options.setter
-    def recurrent_options(self, value: RecurrentOptions) -> None:
-        if not isinstance(value, RecurrentOptions):
-            raise TypeError(
-                f"{type(self).__name__}.recurrent_options must be a RecurrentOptions, "
-                f"received {type(value).__name__}."
-            )
-        self._recurrent_options = self._replaced(**{
-            f: getattr(value, f) for f in ("backend", "recompute", "compute_dtype",
-                                           "matmul_precision")
-        })  # fmt: skip
-
-    @property
-    def recurrent_backend(self) -> str:
-        """Backend of recurrent mode (one of
-        :func:`~recurrl.functional.recurrent.recurrent_backend_names`; default ``"auto"``).
-        Assignable; the new value is validated together with :attr:`recurrent_recompute`."""
-        return self._recurrent_options.backend
-
-    @recurrent_backend.setter
-    def recurrent_backend(self, value: str) -> None:
-        self._recurrent_options = self._replaced(backend=value)
-
-    @property
-    def recurrent_recompute(self) -> str:
-        """``"none"`` or ``"full"``. Assignable; validated with :attr:`recurrent_backend`."""
-        return self._recurrent_options.recompute
-
-    @recurrent_recompute.setter
-    def recurrent_recompute(self, value: str) -> None:
-        self._recurrent_options = self._replaced(recompute=value)
-
-    @property
-    def recurrent_compute_dtype(self) -> torch.dtype:
-        """Dtype of the ``triton`` backend's recurrent matmul operands. Assignable."""
-        return self._recurrent_options.compute_dtype
-
-    @recurrent_compute_dtype.setter
-    def recurrent_compute_dtype(self, value: torch.dtype) -> None:
-        self._recurrent_options = self._replaced(compute_dtype=value)
-
-    @property
-    def recurrent_matmul_precision(self) -> str:
-        """The ``triton`` backend's float32 matmul precision mode. Assignable."""
-        return self._recurrent_options.matmul_precision
-
-    @recurrent_matmul_precision.setter
-    def recurrent_matmul_precision(self, value: str) -> None:
-        self._recurrent_options = self._replaced(matmul_precision=value)
-
     @property
     def recurrent_mode(self) -> bool:
         """Whether this module runs in recurrent mode now (context, else its default)."""
@@ -681,54 +598,6 @@ class RecurrentModule(CheckedReaders, TensorDictModuleBase):
         if recurrent:
             return self._forward_sequence(tensordict)
         return self._forward_step(tensordict)
-
-    def _forward_tensors(
-        self, first: Tensor | None, args: tuple[Tensor, ...], kwargs: dict[str, Any]
-    ) -> Tensor | tuple[Tensor, ...]:
-        """``forward`` called with tensors: TensorDict in, the ``out_keys`` tensors out."""
-        name = type(self).__name__
-        positional = ([] if first is None else [first]) + list(args)
-        names = ["_".join(_as_key(key)) for key in self.in_keys]
-        if len(positional) > len(names):
-            raise TypeError(
-                f"{name}: at most {len(names)} positional tensors ({names}), got {len(positional)}."
-            )
-        values: dict[NestedKey, Tensor] = {}
-        for key, kw in zip(self.in_keys, names, strict=True):
-            if positional:
-                if kw in kwargs:
-                    raise RuntimeError(f"{name}: {kw!r} given both positionally and by keyword.")
-                values[key] = positional.pop(0)
-            elif kw in kwargs:
-                values[key] = kwargs.pop(kw)
-        if kwargs:
-            raise TypeError(
-                f"{name}: unexpected keyword argument(s) {sorted(kwargs)}. Called with tensors, "
-                f"the module takes its in_keys as keywords: {names} (a nested key's parts "
-                f"joined with '_'), or a TensorDict."
-            )
-        x = values.get(self.in_keys[0])
-        if not isinstance(x, Tensor):
-            raise TypeError(
-                f"{name}: called without a TensorDict, the input {names[0]}=<tensor> is "
-                f"required (got {type(x).__name__}); the module's keywords are {names}."
-            )
-        batch = x.shape[:-1]
-        for key, kw in zip(self.in_keys, names, strict=True):
-            value = values.get(key)
-            if value is not None and (
-                not isinstance(value, Tensor) or value.shape[: len(batch)] != batch
-            ):
-                shape = list(value.shape) if isinstance(value, Tensor) else type(value).__name__
-                raise ValueError(
-                    f"{name}: {kw}= must be a tensor whose leading dims are the input's batch "
-                    f"dims {list(batch)} (the input {names[0]} is {list(x.shape)} = [*B, "
-                    f"features]), got {shape}."
-                )
-        td = TensorDict(values, batch_size=batch, device=x.device)
-        out = self.forward(td)
-        results = tuple(out.get(key) for key in self.out_keys)
-        return results[0] if len(results) == 1 else results
 
     def _current_config(self) -> RNNConfig:
         # Sizes cannot change without new weights, but dropout is a plain attribute of the
