@@ -11,6 +11,6 @@ def test_an_updater_without_step_names_the_fix():
         pass
 
     loss = DQNLoss(TensorDictModule(torch.nn.Linear(2, 3), ["obs"], ["action_value"]))
-    with pytest.raises(NotImplementedError, match="Mine does not implement step.*SoftUpdate"):
+    with pytest.raises(NotImplementedError, match=r"Mine does not implement step.*SoftUpdate"):
         Mine(loss).step()
 

@@ -10,7 +10,7 @@ from tensordict import NestedKey, TensorDictBase
 
 from recurrl.envs.specs import Bounded, Composite, TensorSpec, Unbounded
 from recurrl.envs.transforms._helpers import derive_observation
-from recurrl.envs.transforms.transform import Transform
+from recurrl.envs.transforms.observation import AppliedToObservations
 
 IMAGE_KEYS: tuple[NestedKey, ...] = ("pixels",)
 
@@ -46,7 +46,7 @@ def map_spec(
     )
 
 
-class PerKeyObservationTransform(Transform):
+class PerKeyObservationTransform(AppliedToObservations):
     """Write ``out_keys[i] = f(in_keys[i])`` for observation entries, on reset and step.
 
     A subclass overrides :meth:`_apply_transform` (one tensor in, one out) and, when the
@@ -92,14 +92,6 @@ class PerKeyObservationTransform(Transform):
         for in_key, out_key in zip(self.in_keys, self.out_keys, strict=True):
             tensordict.set(out_key, self._apply_transform(tensordict.get(in_key)))
         return tensordict
-
-    def _reset(
-        self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
-    ) -> TensorDictBase:
-        return self._apply(tensordict_reset)
-
-    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
-        return self._apply(next_tensordict)
 
     def transform_observation_spec(self, observation_spec: Composite) -> Composite:
         for in_key, out_key in zip(self.in_keys, self.out_keys, strict=True):

@@ -12,7 +12,27 @@ from recurrl.envs.transforms.transform import Transform
 __all__ = ["ObservationTransform"]
 
 
-class ObservationTransform(Transform):
+class AppliedToObservations(Transform):
+    """Applies ``self._apply(tensordict)`` where observations appear: the output of
+    ``reset`` and the ``"next"`` content of every step (the base of the one-key and the
+    per-key observation transforms)."""
+
+    def _apply(self, tensordict: TensorDictBase) -> TensorDictBase:
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement _apply(tensordict). Fix: subclass "
+            f"ObservationTransform (one key) or PerKeyObservationTransform (several)."
+        )
+
+    def _reset(
+        self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
+    ) -> TensorDictBase:
+        return self._apply(tensordict_reset)
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        return self._apply(next_tensordict)
+
+
+class ObservationTransform(AppliedToObservations):
     """Base of the transforms that write ``out_key = f(in_key)`` for one observation entry.
 
     A subclass overrides one method, :meth:`_apply_transform` (the observation tensor in,
@@ -61,14 +81,6 @@ class ObservationTransform(Transform):
     def _apply(self, tensordict: TensorDictBase) -> TensorDictBase:
         tensordict.set(self.out_key, self._apply_transform(tensordict.get(self.in_key)))
         return tensordict
-
-    def _reset(
-        self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
-    ) -> TensorDictBase:
-        return self._apply(tensordict_reset)
-
-    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
-        return self._apply(next_tensordict)
 
     def transform_observation_spec(self, observation_spec: Composite) -> Composite:
         return derive_observation(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 from recurrl.envs import (
     Bounded,
@@ -79,3 +80,13 @@ def test_the_observation_transforms_share_the_base():
         assert "_apply_transform" in type(transform).__dict__
     spec = MaskObservation([1], out_key="m")._transform_spec(Bounded(0.0, 1.0, shape=(2,)))
     assert spec.shape == (1,)
+
+
+def test_a_transform_without_apply_names_the_bases_to_use():
+    from recurrl.envs.transforms.observation import AppliedToObservations
+
+    class Mine(AppliedToObservations):
+        pass
+
+    with pytest.raises(NotImplementedError, match=r"Mine does not implement _apply.*Observ"):
+        Mine()._apply(TensorDict({}, batch_size=[]))
