@@ -7,7 +7,9 @@ from recurrl.envs.env_creator import EnvCreator
 from recurrl.envs.envpool import EnvPoolEnv
 from recurrl.envs.gym import GymEnv
 from recurrl.envs.gym_vector import GymVecEnv, vector_entry_point_ids
+from recurrl.envs.multiagent import is_multiagent_env_id, make_multiagent_env
 from recurrl.envs.parallel import ParallelEnv
+from recurrl.envs.pettingzoo import PettingZooEnv
 from recurrl.envs.specs import (
     Binary,
     Bounded,
@@ -42,6 +44,7 @@ from recurrl.envs.transforms import (
     RewardScaling,
     RewardSum,
     StepCounter,
+    TeamReward,
     TensorDictPrimer,
     ToTensorImage,
     Transform,
@@ -51,6 +54,7 @@ from recurrl.envs.transforms import (
     get_primers_from_module,
 )
 from recurrl.envs.utils import step_mdp
+from recurrl.envs.vmas import VmasEnv
 from recurrl.modules.exploration import ExplorationType, exploration_type, set_exploration_type
 
 __all__ = [
@@ -78,6 +82,7 @@ __all__ = [
     "OneHotObservation",
     "ParallelEnv",
     "PendulumEnv",
+    "PettingZooEnv",
     "PreviousAction",
     "PreviousReward",
     "RepeatFirstEnv",
@@ -87,18 +92,22 @@ __all__ = [
     "RewardSum",
     "SerialEnv",
     "StepCounter",
+    "TeamReward",
     "TensorDictPrimer",
     "TensorSpec",
     "ToTensorImage",
     "Transform",
     "TransformedEnv",
     "Unbounded",
+    "VmasEnv",
     "check_env_specs",
     "exploration_type",
     "find_transform",
     "get_env_transforms_from_module",
     "get_primers_from_module",
     "has_torch_env",
+    "is_multiagent_env_id",
+    "make_multiagent_env",
     "make_torch_env",
     "set_exploration_type",
     "step_mdp",

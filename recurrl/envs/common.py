@@ -228,6 +228,11 @@ class EnvBase(UnbatchedSpecs, nn.Module, metaclass=_EnvMeta):
 
     def _find_leaf(self, name: str) -> TensorSpec:
         spec = self._get_spec(name)
+        leaves = [] if name in spec else spec.values(include_nested=True, leaves_only=True)
+        if len(leaves) == 1:
+            # One nested leaf (a multi-agent env's ("agents", "action")): that leaf, as the
+            # reference's action_spec / reward_spec answer for a single nested key.
+            return leaves[0]
         if name not in spec:
             # Not AttributeError: inside a property nn.Module would replace its message.
             raise RuntimeError(

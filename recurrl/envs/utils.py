@@ -107,7 +107,7 @@ def step_mdp(
         for key in tensordict.keys(include_nested=True, leaves_only=True):
             key_t = (key,) if isinstance(key, str) else key
             if not _starts_with(key_t, dropped):
-                out.set(key_t, tensordict.get(key_t))
+                _set_nested(out, key_t, tensordict.get(key_t), tensordict)
     candidates = (
         _key_list(keys)
         if keys is not None
@@ -122,8 +122,22 @@ def step_mdp(
             continue
         key = key_t[0] if len(key_t) == 1 else key_t
         if key in next_keys:
-            out.set(key_t, next_td.get(key_t))
+            _set_nested(out, key_t, next_td.get(key_t), next_td)
     return out
+
+
+def _set_nested(
+    out: TensorDictBase, key_t: tuple[str, ...], value: torch.Tensor, source: TensorDictBase
+) -> None:
+    """``out.set(key_t, value)``, creating the missing sub-TensorDicts of a nested key with
+    the batch size they have in ``source`` (an agent group's ``[*B, n_agents]``, which a
+    plain ``set`` would create as ``[*B]``)."""
+    for i in range(1, len(key_t)):
+        prefix = key_t[:i]
+        if out.get(prefix, None) is None:
+            sub = source.get(prefix)
+            out.set(prefix, TensorDict({}, batch_size=sub.batch_size, device=out.device))
+    out.set(key_t, value)
 
 
 _MASK_MEMO: list = [None]

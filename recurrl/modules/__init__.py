@@ -28,6 +28,7 @@ from recurrl.modules.lru import LRU, LRUModule
 from recurrl.modules.lstm_net import LSTMNet
 from recurrl.modules.mingru import MinGRU, MinGRUModule
 from recurrl.modules.mlp import MLP
+from recurrl.modules.multiagent import MultiAgentMLP
 from recurrl.modules.nets import GRU, LSTM, GRUCell, LSTMCell
 from recurrl.modules.q_value import QValueModule
 from recurrl.modules.recurrent import RecurrentModule
@@ -53,6 +54,7 @@ __all__ = [
     "LSTMNet",
     "MinGRU",
     "MinGRUModule",
+    "MultiAgentMLP",
     "QValueModule",
     "RecurrentMatmulPrecision",
     "RecurrentMatmulPrecisionUserMode",

@@ -114,6 +114,8 @@ class LRUModule(_NativeNetwork, RecurrentModule):
         device: torch.device | str | None = None,
         lru: nn.Module | None = None,
         default_recurrent_mode: bool | None = None,
+        n_agents: int | None = None,
+        share_params: bool = True,
     ) -> None:
         ring = (r_min, r_max, max_phase)
         if lru is not None and ring != (0.0, 1.0, 2 * math.pi):
@@ -127,7 +129,8 @@ class LRUModule(_NativeNetwork, RecurrentModule):
             input_size, hidden_size, num_layers, bias, dropout, python_based=True,
             recurrent_backend=recurrent_backend, recurrent_recompute=recurrent_recompute,
             in_key=in_key, in_keys=in_keys, out_key=out_key, out_keys=out_keys, device=device,
-            rnn=lru, default_recurrent_mode=default_recurrent_mode,
+            rnn=lru, default_recurrent_mode=default_recurrent_mode, n_agents=n_agents,
+            share_params=share_params,
         )  # fmt: skip
 
     def _build_rnn(self, rnn, input_size, hidden_size, num_layers, bias, dropout, proj_size,

@@ -103,6 +103,8 @@ class LSTMModule(RecurrentModule):
         default_recurrent_mode: bool | None = None,
         batch_first: bool = True,
         bidirectional: bool = False,
+        n_agents: int | None = None,
+        share_params: bool = True,
     ) -> None:
         super().__init__(
             input_size, hidden_size, num_layers, bias, dropout, python_based,
@@ -110,7 +112,8 @@ class LSTMModule(RecurrentModule):
             recurrent_matmul_precision, proj_size, in_key=in_key, in_keys=in_keys,
             out_key=out_key, out_keys=out_keys, device=device, rnn=lstm,
             default_recurrent_mode=default_recurrent_mode, batch_first=batch_first,
-            bidirectional=bidirectional,
+            bidirectional=bidirectional, n_agents=n_agents,
+            share_params=share_params,
         )  # fmt: skip
 
 

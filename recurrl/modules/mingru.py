@@ -108,12 +108,15 @@ class MinGRUModule(_NativeNetwork, RecurrentModule):
         device: torch.device | str | None = None,
         mingru: nn.Module | None = None,
         default_recurrent_mode: bool | None = None,
+        n_agents: int | None = None,
+        share_params: bool = True,
     ) -> None:
         super().__init__(
             input_size, hidden_size, num_layers, bias, dropout, python_based=True,
             recurrent_backend=recurrent_backend, recurrent_recompute=recurrent_recompute,
             in_key=in_key, in_keys=in_keys, out_key=out_key, out_keys=out_keys, device=device,
-            rnn=mingru, default_recurrent_mode=default_recurrent_mode,
+            rnn=mingru, default_recurrent_mode=default_recurrent_mode, n_agents=n_agents,
+            share_params=share_params,
         )  # fmt: skip
 
 

@@ -31,6 +31,7 @@ from recurrl.functional.recurrent import (
     recurrent_step,
     recurrent_unroll,
 )
+from recurrl.modules._agents import AgentDimension
 from recurrl.modules._arg_docs import complete_arguments_doc
 from recurrl.modules._env_transforms import env_transform_builders
 from recurrl.modules._fast_step import StepPlan, fast_step, step_plan
@@ -75,7 +76,7 @@ def _check_layout(name: str, batch_first: object, bidirectional: object) -> None
         )
 
 
-class RecurrentModule(RecurrentSettings, CheckedReaders, TensorDictModuleBase):
+class RecurrentModule(AgentDimension, RecurrentSettings, CheckedReaders, TensorDictModuleBase):
     """Base class of the recurrent TensorDict modules: their keys, their two modes and their
     constructor, the one every recurrent module shares (:class:`LSTMModule`,
     :class:`GRUModule`, :class:`MinGRUModule`, :class:`LRUModule` are named entry points to
@@ -151,6 +152,16 @@ class RecurrentModule(RecurrentSettings, CheckedReaders, TensorDictModuleBase):
             batch dim of the TensorDict). Anything else raises ``ValueError``.
         bidirectional: accepted for compatibility; only ``False`` is supported (a policy
             acts one step at a time). Anything else raises ``ValueError``.
+        n_agents: the size of an agent dim (multi-agent envs, see
+            ``docs/guides/multiagent.md``), or ``None`` (one agent per env row). With it the
+            input key is nested under the agent group (``("agents", "observation")``
+            ``[*B, n_agents, F]``), the states default to the class's state keys under the
+            group (``[*B, n_agents, L, S]``) and ``is_init`` is the group's: each agent's
+            state is reset at its own episode starts (and at its row's env-level
+            ``"is_init"``). Default: None.
+        share_params: one network for every agent (True) or one per agent (False, with
+            ``n_agents``: ``agent_networks``, the first being :attr:`rnn`, the others
+            initialised independently). Default: True.
 
     Examples:
         A module of torch's GRU with its own state key, declared in four lines:
@@ -234,6 +245,8 @@ class RecurrentModule(RecurrentSettings, CheckedReaders, TensorDictModuleBase):
         default_recurrent_mode: bool | None = None,
         batch_first: bool = True,
         bidirectional: bool = False,
+        n_agents: int | None = None,
+        share_params: bool = True,
     ) -> None:
         missing = [p for p in ("cell", "network_class", "default_state_keys")
                    if not hasattr(type(self), p)]  # fmt: skip
@@ -253,7 +266,7 @@ class RecurrentModule(RecurrentSettings, CheckedReaders, TensorDictModuleBase):
             recurrent_matmul_precision=recurrent_matmul_precision, in_key=in_key,
             in_keys=in_keys, out_key=out_key, out_keys=out_keys, device=device, rnn=rnn,
             default_recurrent_mode=default_recurrent_mode, batch_first=batch_first,
-            bidirectional=bidirectional,
+            bidirectional=bidirectional, n_agents=n_agents, share_params=share_params,
         )  # fmt: skip
 
     def _setup(
@@ -279,10 +292,14 @@ class RecurrentModule(RecurrentSettings, CheckedReaders, TensorDictModuleBase):
         default_recurrent_mode: bool | None,
         batch_first: bool = True,
         bidirectional: bool = False,
+        n_agents: int | None = None,
+        share_params: bool = True,
     ) -> None:
         name = type(self).__name__
         _check_layout(name, batch_first, bidirectional)
-        self.in_keys, self.out_keys = self._resolve_keys(in_key, in_keys, out_key, out_keys)
+        self.in_keys, self.out_keys = self._agent_keys(
+            n_agents, share_params, in_key, in_keys, out_key, out_keys
+        )
         rnn = self._build_rnn(
             rnn, input_size, hidden_size, num_layers, bias, dropout, proj_size, device
         )
@@ -430,6 +447,7 @@ class RecurrentModule(RecurrentSettings, CheckedReaders, TensorDictModuleBase):
         self._cfg = self.config
         self._step_shape_cache: dict[torch.Size, tuple[Any, ...]] = {}
         self._step_plan: StepPlan | None = None
+        self._set_agent_networks(rnn)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -466,11 +484,13 @@ class RecurrentModule(RecurrentSettings, CheckedReaders, TensorDictModuleBase):
 
     @property
     def recurrent_state_spec(self) -> dict[NestedKey, tuple[torch.Size, torch.dtype]]:
-        """Shape (without batch dims) and dtype of every state key: ``[num_layers, S]``."""
+        """Shape (without batch dims) and dtype of every state key: ``[num_layers, S]``
+        (``[n_agents, num_layers, S]`` with ``n_agents``)."""
         cfg = self.config
         dtype = next(self.rnn.parameters()).dtype
+        agents = [] if self.n_agents is None else [self.n_agents]
         return {
-            key: (torch.Size([cfg.num_layers, size]), dtype)
+            key: (torch.Size([*agents, cfg.num_layers, size]), dtype)
             for key, size in zip(self.state_keys, cfg.state_sizes, strict=True)
         }
 
@@ -587,6 +607,8 @@ class RecurrentModule(RecurrentSettings, CheckedReaders, TensorDictModuleBase):
         """
         mode = _current()  # self.recurrent_mode, inlined: this runs at every env step
         recurrent = self.default_recurrent_mode if mode is None else mode
+        if self.n_agents is not None:
+            return self._forward_agents(tensordict, recurrent)
         if type(tensordict) is TensorDict and not recurrent and self._step_shortcuts:
             # the usual sequential call: the fast path, unless it declines
             out = fast_step(self, tensordict)

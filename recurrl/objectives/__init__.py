@@ -2,6 +2,11 @@
 
 from recurrl.objectives.common import LossModule
 from recurrl.objectives.dqn import DQNLoss
+from recurrl.objectives.multiagent import (
+    multiagent_critic,
+    multiagent_keys,
+    multiagent_ppo_loss,
+)
 from recurrl.objectives.ppo import ClipPPOLoss
 from recurrl.objectives.utils import HardUpdate, SoftUpdate, TargetNetUpdater
 from recurrl.objectives.value import GAE, TDLambdaEstimator, ValueEstimatorBase
@@ -16,4 +21,7 @@ __all__ = [
     "TDLambdaEstimator",
     "TargetNetUpdater",
     "ValueEstimatorBase",
+    "multiagent_critic",
+    "multiagent_keys",
+    "multiagent_ppo_loss",
 ]

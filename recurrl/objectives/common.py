@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -31,6 +31,8 @@ from recurrl.modules.recurrent_mode import set_recurrent_mode
 __all__ = ["LossModule"]
 
 _WRAPPED = "_recurrl_recurrent_mode_wrapped"
+#: the collector's mask of real (not padded) steps
+_PADDING_KEY = ("collector", "mask")
 
 
 def _wrap_recurrent(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -122,19 +124,44 @@ class LossModule(TensorDictModuleBase):
 
 
 # ---------------------------------------------------------------------- masking helpers
-def step_mask(td: TensorDictBase, mask_key: Any) -> Tensor | None:
-    """The ``[*B]`` bool mask of real steps, or ``None`` when ``td`` has no mask entry."""
+def step_mask(
+    td: TensorDictBase, mask_key: Any, shape: torch.Size | Sequence[int] | None = None
+) -> Tensor | None:
+    """The bool mask of real steps, ``shape`` (default ``[*B]``, the batch), or ``None``
+    when ``td`` has no mask entry.
+
+    ``shape`` may extend the batch with agent dims (``[*B, n_agents]``): a per-agent mask
+    ``[*B, n_agents, 1]`` is read as it is, an env-level one ``[*B]`` (``[*B, 1]``) holds for
+    every agent of its row.
+    """
     mask = td.get(mask_key, None)
     if mask is None:
         return None
+    shape = td.batch_size if shape is None else torch.Size(shape)
     mask = mask.bool()
-    if mask.dim() == td.batch_dims + 1 and mask.shape[-1] == 1:
+    if mask.shape != shape and mask.shape[-1:] == (1,) and mask.dim() > td.batch_dims:
         mask = mask.squeeze(-1)
-    if mask.shape != td.batch_size:
+    if mask.shape != shape and mask.dim() <= len(shape) and mask.shape == shape[: mask.dim()]:
+        mask = mask.reshape(*mask.shape, *([1] * (len(shape) - mask.dim()))).expand(shape)
+    if mask.shape != shape:
         raise ValueError(
-            f"mask {mask_key!r}: expected shape {list(td.batch_size)} (or with a trailing 1), "
+            f"mask {mask_key!r}: expected shape {list(shape)} (or with a trailing 1), "
             f"received {list(mask.shape)}."
         )
+    return mask
+
+
+def real_steps(
+    td: TensorDictBase, mask_key: Any, shape: torch.Size | Sequence[int] | None = None
+) -> Tensor | None:
+    """:func:`step_mask` of ``mask_key``, and of ``("collector", "mask")`` (padded steps)
+    where ``mask_key`` is another key (an agent mask such as ``("agents", "mask")``): a step
+    counts where both are True. ``None`` when ``td`` holds neither."""
+    mask = step_mask(td, mask_key, shape)
+    if mask_key != _PADDING_KEY:
+        padding = step_mask(td, _PADDING_KEY, shape)
+        if padding is not None:
+            mask = padding if mask is None else mask & padding
     return mask
 
 
@@ -159,20 +186,24 @@ def masked_normalize(x: Tensor, mask: Tensor | None, eps: float = 1e-8) -> Tenso
     return (x - mean) / (var.sqrt() + eps)
 
 
-def per_step(td: TensorDictBase, key: Any, what: str) -> Tensor:
-    """Read ``key`` and drop a trailing singleton feature dim: returns ``[*B]``."""
+def per_step(
+    td: TensorDictBase, key: Any, what: str, shape: torch.Size | Sequence[int] | None = None
+) -> Tensor:
+    """Read ``key`` and drop a trailing singleton feature dim: returns ``shape`` (default
+    ``[*B]``, the batch; ``[*B, n_agents]`` for per-agent entries ``[*B, n_agents, 1]``)."""
+    shape = td.batch_size if shape is None else torch.Size(shape)
     x = td.get(key, None)
     if x is None:
         raise KeyError(
             f"{what}: key {key!r} not found in the TensorDict (keys: "
             f"{sorted(map(str, td.keys(True, True)))})."
         )
-    if x.dim() == td.batch_dims + 1 and x.shape[-1] == 1:
+    if x.dim() == len(shape) + 1 and x.shape[-1] == 1:
         x = x.squeeze(-1)
-    if x.shape != td.batch_size:
+    if x.shape != shape:
         raise ValueError(
-            f"{what}: {key!r} must have shape {list(td.batch_size)} or "
-            f"{[*td.batch_size, 1]}, received {list(x.shape)}."
+            f"{what}: {key!r} must have shape {list(shape)} or "
+            f"{[*shape, 1]}, received {list(x.shape)}."
         )
     return x
 

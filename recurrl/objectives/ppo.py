@@ -20,7 +20,13 @@ from torch import Tensor
 from torch import distributions as D
 from torch.nn import functional as F
 
-from recurrl.objectives.common import LossModule, masked_mean, masked_normalize, per_step, step_mask
+from recurrl.objectives.common import (
+    LossModule,
+    masked_mean,
+    masked_normalize,
+    per_step,
+    real_steps,
+)
 
 __all__ = ["ClipPPOLoss"]
 
@@ -59,6 +65,14 @@ class ClipPPOLoss(LossModule):
 
     Batch shapes: ``[B]`` (flat slices), ``[N, T]``; with ``("collector", "mask")`` padded
     steps are excluded from every term. Actions ``[*B]`` (categorical) or ``[*B, A]``.
+
+    Agents (MAPPO/IPPO): with the keys set to a group's entries (``set_keys(advantage=
+    ("agents", "advantage"), action=("agents", "action"), ...)``, all at once with
+    :func:`~recurrl.objectives.multiagent_ppo_loss`) every term is per agent ``[*B,
+    n_agents]``: the advantage ``[*B, n_agents, 1]`` sets the shape, actions are ``[*B,
+    n_agents]`` (categorical) or ``[*B, n_agents, A]``, a value of the env row ``[*B, 1]``
+    holds for all its agents; steps where ``mask=("agents", "mask")`` is False are excluded
+    from every term and from the advantage normalization, as are padded steps.
 
     Examples:
         >>> import torch
@@ -163,14 +177,15 @@ class ClipPPOLoss(LossModule):
         return dist.log_prob(action), dist.entropy()
 
     # ------------------------------------------------------------------ terms
-    def _critic_loss(self, td: TensorDictBase, mask: Tensor | None) -> Tensor:
+    def _critic_loss(self, td: TensorDictBase, mask: Tensor | None, steps: torch.Size) -> Tensor:
         k = self.tensor_keys
         out = self.critic_network(td.copy())
-        value = per_step(out, k.value, "ClipPPOLoss critic")
-        target = per_step(td, k.value_target, "ClipPPOLoss").detach()
+        value = _per_step_or_row(out, k.value, "ClipPPOLoss critic", steps)
+        target = per_step(td, k.value_target, "ClipPPOLoss", steps).detach()
         loss = self._distance(value, target)
         if self.clip_value is not None:
-            old = per_step(td, k.value, "ClipPPOLoss (clip_value needs the stored values)")
+            what = "ClipPPOLoss (clip_value needs the stored values)"
+            old = _per_step_or_row(td, k.value, what, steps)
             old = old.detach()
             clipped = old + (value - old).clamp(-self.clip_value, self.clip_value)
             loss = torch.maximum(loss, self._distance(clipped, target))
@@ -184,20 +199,22 @@ class ClipPPOLoss(LossModule):
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         k = self.tensor_keys
         td = tensordict
-        mask = step_mask(td, k.mask)
-        adv = per_step(td, k.advantage, "ClipPPOLoss (run GAE on the batch first)").detach()
+        steps = _steps_of(td, k.advantage)
+        mask = real_steps(td, k.mask, steps)
+        what = "ClipPPOLoss (run GAE on the batch first)"
+        adv = per_step(td, k.advantage, what, steps).detach()
         if self.normalize_advantage:
             adv = masked_normalize(adv, mask)
-        old_log_prob = per_step(td, k.sample_log_prob, "ClipPPOLoss").detach()
+        old_log_prob = per_step(td, k.sample_log_prob, "ClipPPOLoss", steps).detach()
         action = td.get(k.action, None)
         if action is None:
             raise KeyError(f"ClipPPOLoss: action key {k.action!r} not found in the batch.")
         dist = self.get_distribution(self.actor_network(td.copy()))
         log_prob, entropy = self._log_prob_and_entropy(dist, action)
-        if log_prob.shape != td.batch_size:
+        if log_prob.shape != steps:
             raise ValueError(
                 f"ClipPPOLoss: log-probabilities have shape {list(log_prob.shape)}, expected "
-                f"the batch shape {list(td.batch_size)}. Check the action shape "
+                f"the steps' shape {list(steps)}. Check the action shape "
                 f"{list(action.shape)} and the distribution parameters' shapes."
             )
         ratio = (log_prob - old_log_prob).exp()
@@ -207,7 +224,7 @@ class ClipPPOLoss(LossModule):
         return TensorDict(
             {
                 "loss_objective": -masked_mean(gain, mask),
-                "loss_critic": self._critic_loss(td, mask),
+                "loss_critic": self._critic_loss(td, mask, steps),
                 "loss_entropy": -self.entropy_coef * ent,
                 "entropy": ent.detach(),
                 "kl_approx": masked_mean(old_log_prob - log_prob, mask).detach(),
@@ -228,3 +245,22 @@ def _actor_param(params: TensorDictBase, key: NestedKey, what: str) -> Tensor:
             f"or 'loc' and 'scale' (normal); fix the actor's out_keys or loss.set_keys()."
         )
     return value
+
+
+def _steps_of(td: TensorDictBase, advantage_key: NestedKey) -> torch.Size:
+    """The shape of one loss term: the batch ``[*B]``, or ``[*B, n_agents]`` where the
+    advantage is per agent (``[*B, n_agents, 1]``, e.g. under ``("agents", "advantage")``)."""
+    adv = td.get(advantage_key, None)
+    if adv is not None and adv.dim() == td.batch_dims + 2 and adv.shape[-1] == 1:
+        return adv.shape[:-1]
+    return td.batch_size
+
+
+def _per_step_or_row(td: TensorDictBase, key: NestedKey, what: str, steps: torch.Size) -> Tensor:
+    """``per_step`` at ``steps``; a value of the env row (``[*B, 1]``, one centralized value
+    for every agent of the row) is the same for each of its agents."""
+    x = td.get(key, None)
+    if x is not None and len(steps) > td.batch_dims and x.dim() == td.batch_dims + 1:
+        row = per_step(td, key, what)
+        return row.reshape(*row.shape, *([1] * (len(steps) - td.batch_dims))).expand(steps)
+    return per_step(td, key, what, steps)

@@ -191,6 +191,12 @@ class _RecurrentStep(nn.Module):
 
     def __init__(self, module: RecurrentModule) -> None:
         super().__init__()
+        if getattr(module, "n_agents", None) is not None:
+            raise ExportError(
+                f"{type(module).__name__}(n_agents={module.n_agents}) runs over an agent group "
+                f"(one state per agent); its step cannot be exported. Fix: export one-agent "
+                f"policies only (a module built without n_agents)."
+            )
         kind = getattr(module, "cell", None)  # the cell kind's name, None for attention
         build = _EXPORT_CELLS.get(kind if kind is not None else type(module).__name__)
         if build is None and kind is None:

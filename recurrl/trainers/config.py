@@ -155,6 +155,13 @@ class EnvConfig:
             raise ValueError(
                 f"EnvConfig: engine must be one of {ENGINES}, received {self.engine!r}."
             )
+        if self.is_multiagent():
+            if self.engine != "auto":
+                raise ValueError(
+                    f"EnvConfig: {self.env!r} is a multi-agent task, which its own package "
+                    f"steps; engine={self.engine!r} does not apply. Fix: --engine auto."
+                )
+            return "multiagent"
         if self.engine == "torch" and self.env not in TORCH_ENVS:
             raise ValueError(
                 f"EnvConfig: engine='torch' needs an env with a batched torch implementation; "
@@ -174,6 +181,20 @@ class EnvConfig:
         if self.engine == "auto":
             return "torch" if self.env in TORCH_ENVS else "gymnasium"
         return self.engine
+
+    def is_multiagent(self) -> bool:
+        """Whether :attr:`env` is a multi-agent task (``vmas:<scenario>``, ``mpe2:<task>``: the
+        ids of :func:`recurrl.envs.multiagent.is_multiagent_env_id` and recurrl's own
+        :data:`recurrl.trainers.multiagent.MULTIAGENT_TASKS`); its
+        :meth:`resolved_engine` is then ``"multiagent"``.
+
+        Examples:
+            >>> EnvConfig().is_multiagent(), EnvConfig(env="MultiAgentRecall-v0").is_multiagent()
+            (False, True)
+        """
+        from recurrl.trainers.multiagent import is_multiagent
+
+        return is_multiagent(self)
 
     def worker_envs(self) -> int:
         """Envs per Ray worker: ``envs_per_worker``, or ``num_envs / workers``.
@@ -207,6 +228,30 @@ class EnvConfig:
         from recurrl.envs.gym import import_env_package, split_env_id
 
         gym_id = MASKED_ENVS[self.env][0] if self.env in MASKED_ENVS else self.env
+        if self.is_multiagent():  # not a gymnasium id: its package must import
+            from recurrl.trainers.multiagent import MULTIAGENT_TASKS
+
+            if gym_id in MULTIAGENT_TASKS:
+                if self.max_episode_steps is not None:
+                    raise ValueError(
+                        f"EnvConfig: {self.env!r} has episodes of a fixed length; "
+                        f"max_episode_steps does not apply. Fix: drop --max-episode-steps."
+                    )
+                return gym_id
+            import importlib
+
+            from recurrl.envs.gym import split_env_id
+
+            module = split_env_id(gym_id)[0]
+            try:
+                importlib.import_module(module)
+            except ImportError as err:
+                extra = "vmas" if module == "vmas" else "multiagent"
+                raise ValueError(
+                    f"EnvConfig: {self.env!r} needs the package {module!r}, which cannot be "
+                    f"imported ({err}). Fix: pip install \"recurrl[{extra}]\"."
+                ) from err
+            return gym_id
         try:
             # popgym-* ids need `import popgym`, module:EnvId ids `import module`
             import_env_package(gym_id)
@@ -378,9 +423,19 @@ class PPOConfig:
     """Normalize advantages within each minibatch."""
     max_grad_norm: float = 5.0
     """Clip the global gradient norm to this value (0 disables)."""
+    multiagent: Literal["mappo", "ippo"] = "mappo"
+    """Multi-agent envs (--env mpe2:..., vmas:...; docs/guides/multiagent.md): the critic of the
+    agents' PPO: mappo (centralized: reads the env's global state, or all agents'
+    observations) or ippo (each agent's value from its own observation). The actor is shared
+    by the agents either way."""
 
     def __post_init__(self) -> None:
         finite(self)
+        if self.multiagent not in ("mappo", "ippo"):
+            raise ValueError(
+                f"PPOConfig: multiagent must be 'mappo' or 'ippo', received {self.multiagent!r}."
+                f" Fix: --multiagent mappo."
+            )
         positive("PPOConfig", frames=self.frames, steps_per_env=self.steps_per_env,
                  epochs=self.epochs)  # fmt: skip
         if self.frames_per_batch is not None:
@@ -505,6 +560,7 @@ SAVED_BEFORE: dict[tuple[str, str], Any] = {
     ("dqn", "priority_uniform_mix"): 0.0,
     ("model", "image_encoder"): "cnn",
     ("run", "max_restarts"): 0,
+    ("ppo", "multiagent"): "mappo",
 }
 #: ``EnvConfig.num_envs`` when it is None: the number each algorithm's recipe was tuned with
 DEFAULT_NUM_ENVS = {"ppo": 20, "dqn": 8}
@@ -589,6 +645,21 @@ class TrainConfig:
         top = DEFAULT_MINIBATCHES
         p.num_minibatches = max(d for d in range(1, top + 1) if rows % d == 0)
 
+    def _check_multiagent(self) -> None:
+        """A multi-agent task trains with PPO (MAPPO / IPPO) on the local collector; its actions
+        are checked when the env is built (discrete only)."""
+        refused = {
+            "algo": (self.algo != "ppo", "--algo ppo (MAPPO or IPPO: --multiagent)"),
+            "obs_norm": (self.ppo.obs_norm, "drop --obs-norm"),
+            "shared_trunk": (self.model.shared_trunk, "drop --shared-trunk"),
+        }
+        for name, (bad, fix) in refused.items():
+            if bad:
+                raise ValueError(
+                    f"TrainConfig: {name}={getattr(self, name, None) or 'set'} is not available "
+                    f"with a multi-agent task ({self.env.env!r}). Fix: {fix}."
+                )
+
     def _check_ppo(self) -> None:
         n = self.env.num_envs
         steps, slice_len = self.ppo.frames_per_batch // n, self.ppo.slice_len
@@ -625,6 +696,9 @@ class TrainConfig:
             )
 
     def _check_action_space(self) -> None:
+        if self.env.is_multiagent():
+            self._check_multiagent()
+            return
         import gymnasium
 
         env = gymnasium.make(self.env.gym_id())

@@ -228,6 +228,13 @@ def export_run(
         value: also output the critic's ``state_value`` (PPO).
     """
     cfg = load_config(run_dir)
+    if cfg.env.is_multiagent():
+        raise ExportError(
+            f"recurrl export: {run_dir} trained the agents of the multi-agent task "
+            f"{cfg.env.env!r}; exporting a policy over an agent group (one state per agent) is "
+            f"not supported. Fix: run it in Python with `recurrl eval` / the checkpoint, or "
+            f"export a one-agent run."
+        )
     require_checkpoint(run_dir)
     state = ckpt.load(run_dir)
     env = make_env(cfg.env, num_envs=1, seed=cfg.run.seed)

@@ -90,6 +90,10 @@ def make_env(
     n = cfg.num_envs if num_envs is None else num_envs
     if n is None:  # an EnvConfig outside a TrainConfig, which resolves it per algorithm
         n = DEFAULT_NUM_ENVS["ppo"]
+    if cfg.is_multiagent():  # the team's reward and return; docs/guides/multiagent.md
+        from recurrl.trainers.multiagent import make_multiagent_train_env
+
+        return make_multiagent_train_env(cfg, n, seed=seed, device=device)
     gym_id = cfg.gym_id()
     if cfg.resolved_engine() == "torch":
         from recurrl.envs.torch_envs import make_torch_env
@@ -607,7 +611,11 @@ def actor_critic(cfg: TrainConfig, env) -> ActorCritic:
     """The :class:`ActorCritic` of ``cfg`` for ``env`` (from :func:`make_env`): categorical for
     a discrete action spec, a product of categoricals for a ``MultiCategorical`` one (a
     gymnasium ``MultiDiscrete``), squashed Gaussian in the spec's bounds for a bounded float
-    one."""
+    one; for a multi-agent task, :func:`~recurrl.trainers.multiagent.multiagent_actor_critic`."""
+    if cfg.env.is_multiagent():
+        from recurrl.trainers.multiagent import multiagent_actor_critic
+
+        return multiagent_actor_critic(cfg, env)
     obs_dim = observation_inputs(env)
     spec = env.action_spec
     if isinstance(spec, specs.MultiCategorical):

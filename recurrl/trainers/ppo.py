@@ -32,7 +32,7 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from recurrl.objectives import GAE, ClipPPOLoss
+from recurrl.objectives import GAE, ClipPPOLoss, multiagent_ppo_loss
 from recurrl.trainers.collection import make_collector
 from recurrl.trainers.config import TrainConfig
 from recurrl.trainers.loop import Trainer
@@ -121,7 +121,11 @@ class PPOTrainer(Trainer):
             clip_epsilon=p.clip_epsilon, entropy_coef=p.entropy_coef, critic_coef=p.critic_coef,
             normalize_advantage=p.normalize_advantage, clip_value=p.clip_value,
         )  # fmt: skip
-        if self.model.continuous:
+        if cfg.env.is_multiagent():  # MAPPO / IPPO: the agents' keys, per-agent GAE
+            self.loss, self.gae = multiagent_ppo_loss(
+                self.model.actor, self.model.critic, gamma=p.gamma, lmbda=p.gae_lambda, **terms
+            )
+        elif self.model.continuous:
             self.loss = _SquashedGaussianPPOLoss(self.model, **terms)
         elif self.model.action_nvec is not None:
             self.loss = _FactorizedCategoricalPPOLoss(self.model, **terms)
@@ -164,6 +168,9 @@ class PPOTrainer(Trainer):
             return dict.fromkeys(keys + ["grad_norm"] * (p.max_grad_norm > 0), math.nan)
         if p.reward_scale != 1.0:
             batch.set(("next", "reward"), batch.get(("next", "reward")) * p.reward_scale)
+            agents = ("next", "agents", "reward")  # a multi-agent task learns from these
+            if agents in batch.keys(include_nested=True):
+                batch.set(agents, batch.get(agents) * p.reward_scale)
         self.gae(batch)
         params = [q for q in self.model.parameters() if q.requires_grad]
         rows: list[torch.Tensor] = []  # the diagnostics, read back once per batch

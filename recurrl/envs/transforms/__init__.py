@@ -17,6 +17,7 @@ from recurrl.envs.transforms.resize import Resize
 from recurrl.envs.transforms.reward_scaling import RewardScaling
 from recurrl.envs.transforms.reward_sum import RewardSum
 from recurrl.envs.transforms.step_counter import StepCounter
+from recurrl.envs.transforms.team_reward import TeamReward
 from recurrl.envs.transforms.to_tensor_image import ToTensorImage
 from recurrl.envs.transforms.transform import Compose, Transform, TransformedEnv, find_transform
 
@@ -34,6 +35,7 @@ __all__ = [
     "RewardScaling",
     "RewardSum",
     "StepCounter",
+    "TeamReward",
     "TensorDictPrimer",
     "ToTensorImage",
     "Transform",

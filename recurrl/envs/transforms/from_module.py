@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from tensordict.utils import NestedKey, unravel_key
 from torch import nn
 
+from recurrl.envs._multiagent import agent_groups
 from recurrl.envs.specs import Unbounded
 from recurrl.envs.transforms.init_tracker import InitTracker
 from recurrl.envs.transforms.primer import TensorDictPrimer
@@ -197,7 +198,7 @@ def get_env_transforms_from_module(module: nn.Module, init_key: NestedKey = "is_
     readers = [
         type(part).__name__
         for part in recurrent_parts(module)
-        if init_key not in getattr(part, "in_keys", [init_key])
+        if not _reads_init(getattr(part, "in_keys", [init_key]), init_key)
     ]
     if readers:
         raise ValueError(
@@ -257,6 +258,7 @@ def missing_policy_transforms(env: EnvBase, policy: Any) -> list[Transform]:
     missing: list[Transform] = []
     if INIT_KEY not in declared:
         missing.append(InitTracker(INIT_KEY))
+    _check_group_inits(env, policy, declared)
     specs: dict[NestedKey, Unbounded] = {}
     for state in states:
         for key, (shape, dtype) in state.items():
@@ -268,6 +270,32 @@ def missing_policy_transforms(env: EnvBase, policy: Any) -> list[Transform]:
         # num_layers happens to equal the env batch size.
         missing.append(TensorDictPrimer(specs, expand_specs=True))
     return missing
+
+
+def _reads_init(in_keys: Any, init_key: NestedKey) -> bool:
+    """Whether ``in_keys`` hold ``init_key`` or an agent group's ``(group, init_key)``."""
+    keys = [unravel_key(k) for k in in_keys]
+    init = unravel_key(init_key)
+    return any(k == init or (isinstance(k, tuple) and k[-1] == init) for k in keys)
+
+
+def _check_group_inits(env: EnvBase, policy: Any, declared: set[NestedKey]) -> None:
+    """A recurrent part reading an agent group's ``(group, "is_init")`` needs an env with
+    that group: an ``InitTracker`` writes it for every group of the env (see
+    :class:`~recurrl.envs.InitTracker`), so it is refused by name when the env has none."""
+    groups = agent_groups(env.observation_spec, len(env.batch_size))
+    for part in recurrent_parts(policy):
+        for key in map(unravel_key, getattr(part, "in_keys", [])):
+            if not (isinstance(key, tuple) and len(key) == 2 and key[-1] == INIT_KEY):
+                continue
+            if key not in declared and key[0] not in groups:
+                raise ValueError(
+                    f"{type(part).__name__} reads {key!r}, the per-agent is_init of agent "
+                    f"group {key[0]!r}, but the env has no such group (its agent groups: "
+                    f"{sorted(groups)}; a group is a sub-TensorDict [*B, n_agents] with a "
+                    f"'mask'). Fix: build the module with the env's group key, or use a "
+                    f"multi-agent env (recurrl.envs.make_multiagent_env)."
+                )
 
 
 def _describe(transforms: list[Transform]) -> str:

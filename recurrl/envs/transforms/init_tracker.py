@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from tensordict import NestedKey, TensorDictBase
+from tensordict import NestedKey, TensorDict, TensorDictBase
 
+from recurrl.envs._multiagent import agent_groups
 from recurrl.envs._torchrl import import_torchrl
 from recurrl.envs.specs import Categorical, Composite
 from recurrl.envs.transforms.transform import Transform
@@ -22,6 +23,15 @@ class InitTracker(Transform):
     the others keep their current value (False when the input does not hold one). The key
     is registered in the observation spec, so ``step_mdp`` carries ``("next", init_key)``
     (False) to the next root. Recurrent modules read it to restart their hidden state.
+
+    Agent groups (multi-agent envs, ``docs/guides/multiagent.md``): for every group of the
+    env (a sub-TensorDict of batch ``[*B, n_agents]`` holding ``(group, "mask")``) it also
+    writes ``(group, init_key)`` ``[*B, n_agents, 1]``: True for every agent of an env row
+    being reset, and after a step True for an agent that acts at the next step
+    (``("next", group, "mask")``) and either did not act at this one (``(group, "mask")``
+    False: it enters or re-enters mid-episode) or ended its own episode at this one
+    (``("next", group, "done")``: it starts a new one at once). The env-level key is
+    written as for a single-agent env.
 
     Args:
         init_key: the key to write. Default ``"is_init"``.
@@ -41,6 +51,14 @@ class InitTracker(Transform):
         >>> env.reset(td)["is_init"]
         tensor([[False],
                 [ True]])
+
+        An agent group: agent 1 finishes after 2 steps and re-enters at step 3.
+
+        >>> from recurrl.testing import MultiAgentRecallEnv
+        >>> base = MultiAgentRecallEnv(n_agents=2, lengths=(5, 2), reenter=(1, 3))
+        >>> data = TransformedEnv(base, InitTracker()).rollout(5)
+        >>> data["agents", "is_init"].squeeze(-1).T.tolist()
+        [[True, False, False, False, False], [True, False, False, True, False]]
     """
 
     # On a partial reset _reset writes out_keys already merged with the current values.
@@ -63,6 +81,8 @@ class InitTracker(Transform):
         self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
     ) -> TensorDictBase:
         mask = get_reset_mask(tensordict, tensordict_reset.batch_size, self.reset_key)
+        for group in _groups(tensordict_reset) if isinstance(self.init_key, str) else ():
+            self._reset_group(tensordict, tensordict_reset, group, mask)
         current = None
         if mask is not None:
             current = tensordict.get(self.init_key, None)
@@ -80,14 +100,43 @@ class InitTracker(Transform):
         tensordict_reset.set(self.init_key, where_reset(mask, fresh, current))
         return tensordict_reset
 
+    def _reset_group(
+        self,
+        tensordict: TensorDictBase,
+        tensordict_reset: TensorDictBase,
+        group: str,
+        mask: torch.Tensor | None,
+    ) -> None:
+        key = (group, self.init_key)
+        sub = tensordict_reset.get(group)
+        fresh = self._flag(sub, True)
+        current = tensordict.get(key, None) if mask is not None else None
+        if mask is not None and current is None:
+            current = self._flag(sub, False)
+        if mask is not None:
+            fresh = fresh & mask.reshape(*mask.shape, 1, 1) | current
+        tensordict_reset.set(key, fresh)
+
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         next_tensordict.set(self.init_key, self._flag(next_tensordict, False))
+        for group in _groups(next_tensordict) if isinstance(self.init_key, str) else ():
+            acts_next = next_tensordict.get((group, "mask"))
+            acted = tensordict.get((group, "mask"), None)
+            if acted is None:
+                raise KeyError(
+                    f"InitTracker: agent group {group!r} has ('next', {group!r}, 'mask') but "
+                    f"the step input lacks ({group!r}, 'mask'). Fix: start from env.reset() "
+                    f"(the mask is an observation key, carried by step_mdp)."
+                )
+            ended = next_tensordict.get((group, "done"), None)
+            restart = ~acted if ended is None else ~acted | ended
+            next_tensordict.set((group, self.init_key), acts_next & restart)
         return next_tensordict
 
     def _fused_step(
         self, tensordict: TensorDictBase, next_tensordict: TensorDictBase, new: dict
     ) -> bool:
-        if not isinstance(self.init_key, str):
+        if not isinstance(self.init_key, str) or _groups(next_tensordict):
             return False
         new[self.init_key] = self._flag(next_tensordict, False)
         return True
@@ -100,6 +149,8 @@ class InitTracker(Transform):
         mask: torch.Tensor | None,
     ) -> bool:
         if not isinstance(self.init_key, str) or self.reset_key != RESET_KEY:
+            return False
+        if _groups(tensordict_reset):
             return False
         if mask is None:
             new[self.init_key] = self._flag(tensordict_reset, True)
@@ -128,6 +179,14 @@ class InitTracker(Transform):
             dtype=torch.bool,
             device=observation_spec.device,
         )
+        if isinstance(self.init_key, str):
+            for group, n in agent_groups(observation_spec, len(observation_spec.shape)).items():
+                observation_spec[group, self.init_key] = Categorical(
+                    2,
+                    shape=(*observation_spec.shape, n, 1),
+                    dtype=torch.bool,
+                    device=observation_spec.device,
+                )
         return observation_spec
 
     def to_torchrl(self) -> Any:
@@ -144,3 +203,17 @@ class InitTracker(Transform):
 
     def extra_repr(self) -> str:
         return f"init_key={self.init_key!r}"
+
+
+def _groups(tensordict: TensorDictBase) -> list[str]:
+    """The agent groups of a step or reset output: top-level sub-TensorDicts with one more
+    batch dim than ``tensordict`` that hold a ``"mask"`` (none for a single-agent env)."""
+    inner = tensordict._tensordict if type(tensordict) is TensorDict else None
+    if inner is not None and all(type(v) is torch.Tensor for v in inner.values()):
+        return []  # a single-agent step (the hot path): only tensors
+    ndim = tensordict.batch_dims + 1
+    return [
+        key
+        for key, value in tensordict.items()
+        if isinstance(value, TensorDictBase) and value.batch_dims == ndim and "mask" in value
+    ]

@@ -37,6 +37,17 @@ class TensorDictPrimer(Transform):
     A ``Composite`` given with the env batch shape (``Composite(k=Unbounded((N, 4)),
     shape=(N,))`` on a batch-``[N]`` env) already holds the batch dims and is never expanded.
 
+    Agent groups (multi-agent envs, ``docs/guides/multiagent.md``): a key under a group,
+    e.g. ``("agents", "rs_h")`` with spec ``[n_agents, num_layers, H]``, is zero-filled
+    ``[*B, n_agents, num_layers, H]`` for the env rows being reset like any other key; and
+    on step, the agents whose own episode starts at this step (``(group, "is_init")`` of
+    the step input, written by an ``InitTracker``: an agent re-entering mid-episode) get
+    their initial value stored under ``(group, key)`` of the step input, the other agents'
+    values left alone. A recurrent module ignored that agent's incoming state at this step
+    (its ``is_init``); storing the initial state there makes a replay that restarts from
+    the stored state at every ``is_init`` compute the same, as after an env reset, while
+    ``("next", group, key)`` stays the module's exact output.
+
     Adding a primer for a key the env already declares raises (a second primer for the
     same keys is a bug); use :func:`~recurrl.envs.transforms.find_transform` to check.
 
@@ -71,6 +82,14 @@ class TensorDictPrimer(Transform):
         >>> td["next", "rs_h"] = torch.ones(3, 1, 4)  # what a recurrent policy writes
         >>> env.step_mdp(td)["rs_h"].sum().item()
         12.0
+
+        A state per agent, under an agent group:
+
+        >>> from recurrl.testing import MultiAgentRecallEnv
+        >>> primer = TensorDictPrimer({("agents", "rs_h"): Unbounded((3, 1, 4))}, expand_specs=True)
+        >>> env = TransformedEnv(MultiAgentRecallEnv(batch_size=(2,), n_agents=3), primer)
+        >>> env.reset()["agents", "rs_h"].shape
+        torch.Size([2, 3, 1, 4])
     """
 
     # On a partial reset _reset writes out_keys already merged with the current values.
@@ -350,7 +369,27 @@ class TensorDictPrimer(Transform):
                     f"writes it on reset. Fix: start from env.reset() (or env.rollout)."
                 )
             next_tensordict.set(key, current)
+        for key, spec in self._leaves(tensordict.batch_size, self._device(tensordict)):
+            if isinstance(key, tuple) and len(key) > 1:
+                self._restart_agents(tensordict, key, spec)
         return next_tensordict
+
+    def _restart_agents(
+        self, tensordict: TensorDictBase, key: tuple[str, ...], spec: TensorSpec
+    ) -> None:
+        """Store the initial value of ``key`` for the agents whose ``(key[0], "is_init")``
+        is set in the step input (a new tensor: the old one may be the previous step's
+        ``("next", key)``, which stays as written)."""
+        starts = tensordict.get((key[0], "is_init"), None)
+        value = tensordict.get(key, None)
+        if starts is None or value is None or starts.shape[:-1] != value.shape[: starts.ndim - 1]:
+            return  # not an agent group with a per-agent is_init
+        view = starts.reshape(*starts.shape[:-1], *[1] * (value.ndim - starts.ndim + 1))
+        fill = self._fill_value(key)
+        if fill is not None:
+            tensordict.set(key, value.masked_fill(view, fill))
+        else:
+            tensordict.set(key, torch.where(view, self._fresh(key, spec, None), value))
 
     def to_torchrl(self) -> Any:
         """TorchRL's ``TensorDictPrimer`` over the same keys, specs and initial values.

@@ -59,6 +59,67 @@ def _effective_is_init(is_init: Tensor, done: Tensor) -> Tensor:
     return eff
 
 
+def _steps(flag: Tensor, batch_dims: int) -> Tensor:
+    """``[*B, T, 1]`` -> ``[*B, T]``; an agent-level ``[*B, T, n, 1]`` -> ``[*B, T, n]``."""
+    return flag.squeeze(-1) if flag.dim() > batch_dims and flag.shape[-1] == 1 else flag
+
+
+def _match(flag: Tensor, shape: torch.Size, batch_dims: int) -> Tensor:
+    """A step flag at the level of ``shape``: an env-level ``[*B, T]`` flag holds for every
+    agent of ``[*B, T, n]``; an agent-level one holds for its env row where any agent's
+    does."""
+    if flag.shape == shape:
+        return flag
+    if flag.dim() == batch_dims and len(shape) > batch_dims:
+        return flag.reshape(*flag.shape, *([1] * (len(shape) - batch_dims))).expand(shape)
+    if flag.dim() > batch_dims and len(shape) == batch_dims:
+        return flag.flatten(batch_dims).any(-1)
+    raise ValueError(
+        f"value estimator: a step flag of shape {list(flag.shape)} does not fit steps of "
+        f"shape {list(shape)} (env-level [*B, T] or agent-level [*B, T, n_agents] expected)."
+    )
+
+
+def _restarts(is_init: Tensor, done: Tensor, tdim: int) -> Tensor:
+    """``is_init`` (step-shaped), also True at every step that follows a done step."""
+    eff = is_init.clone()
+    t = eff.shape[tdim]
+    if t > 1:
+        eff.narrow(tdim, 1, t - 1).logical_or_(done.narrow(tdim, 0, t - 1))
+    return eff
+
+
+def _init_keys_of(network: nn.Module) -> list[NestedKey]:
+    """The ``is_init`` key of every recurrent module inside ``network`` (``"is_init"``, or
+    ``(group, "is_init")`` for a module with an agent dim)."""
+    keys: list[NestedKey] = []
+    for m in network.modules():
+        if isinstance(m, RecurrentModule) and m.in_keys and m.in_keys[-1] not in keys:
+            keys.append(m.in_keys[-1])
+    return keys
+
+
+def _module_restarts(
+    td: TensorDictBase, init_key: NestedKey, fallback_done: Tensor, what: str
+) -> Tensor:
+    """Where a module reading ``init_key`` restarts: its ``is_init``, and the steps after a
+    done of its level (``("next", *group, "done")``, else ``fallback_done``); an agent
+    module also restarts wherever its env row does."""
+    bd, tdim = td.batch_dims, td.batch_dims - 1
+    key = (init_key,) if isinstance(init_key, str) else tuple(init_key)
+    init = _steps(_flag(td, init_key, what), bd)
+    done = td.get(("next", *key[:-1], "done"), None)
+    done = fallback_done if done is None else _steps(done.bool(), bd)
+    eff = _restarts(init, _match(done, init.shape, bd), tdim)
+    if len(key) > 1 and td.get(IS_INIT_KEY, None) is not None:
+        env_done = td.get(("next", "done"), None)
+        env_done = _steps(env_done.bool(), bd) if env_done is not None else None
+        env = _steps(_flag(td, IS_INIT_KEY, what), bd)
+        env = _restarts(env, env_done if env_done is not None else torch.zeros_like(env), tdim)
+        eff = eff | _match(env, eff.shape, bd)
+    return eff
+
+
 def values_and_next_values(
     network: TensorDictModuleBase,
     td: TensorDictBase,
@@ -73,19 +134,36 @@ def values_and_next_values(
     ``value`` (the network's ``out_key`` at every step, ``[*B, T, *F]``) keeps its graph;
     ``next_value`` (same shape) is the value of ``s_{t+1}`` and is computed without gradient.
     ``td`` is not modified.
+
+    With agents, the flags may be per agent (``is_init_key=("agents", "is_init")``,
+    ``done_key=("next", "agents", "done")``, ``[*B, T, n_agents, 1]``) and ``out_key`` an
+    agent-level value ``[*B, T, n_agents, 1]``; every recurrent module restarts at its own
+    ``is_init`` (env-level or per agent) and after the done steps of its level.
     """
     if td.batch_dims < 1:
         raise ValueError(f"{what}: expected a TensorDict with a time dim, batch_size=[].")
-    if td.get(is_init_key, None) is None and not state_keys_of(network):
+    bd, tdim = td.batch_dims, td.batch_dims - 1
+    done = _steps(_flag(td, done_key, what), bd)
+    init_keys = _init_keys_of(network)
+    if td.get(is_init_key, None) is None and not init_keys:
         # feed-forward network on data without InitTracker: done alone marks boundaries
-        done = _flag(td, done_key, what)
         is_init = torch.zeros_like(done)
     else:
-        is_init = _flag(td, is_init_key, what)
-    eff = _effective_is_init(is_init, _flag(td, done_key, what))
+        is_init = _steps(_flag(td, is_init_key, what), bd)
+    if is_init.dim() > done.dim():
+        done = _match(done, is_init.shape, bd)
+    eff = _restarts(_match(is_init, done.shape, bd), done, tdim)
     work = td.copy()
-    work.set(is_init_key, eff)
-    work.set(IS_INIT_KEY, eff)  # what recurrent modules read, whatever the loss calls it
+    work.set(is_init_key, _match(eff, is_init.shape, bd).unsqueeze(-1))
+    if eff.dim() == bd:
+        work.set(IS_INIT_KEY, eff.unsqueeze(-1))  # what env-level modules read
+    restarts = [eff]
+    for key in init_keys:
+        if key == IS_INIT_KEY and eff.dim() == bd:
+            continue
+        m_eff = _module_restarts(td, key, done, what)
+        work.set(key, m_eff.unsqueeze(-1))
+        restarts.append(m_eff)
     with set_recurrent_mode(True):
         out = network(work)
     value = out.get(out_key)
@@ -93,15 +171,20 @@ def values_and_next_values(
         nxt = td.get("next").copy()
         for key in state_keys_of(network):
             nxt.set(key, out.get(("next", key)).detach())
-        nxt.set(IS_INIT_KEY, torch.zeros_like(eff))
+        for key in {IS_INIT_KEY, *init_keys}:
+            like = td.get(key, None)
+            nxt.set(key, torch.zeros_like(eff.unsqueeze(-1) if like is None else like.bool()))
         with set_recurrent_mode(False):
             one_step = network(nxt).get(out_key)
-        tdim = td.batch_dims - 1
         t = value.shape[tdim]
         shifted = torch.cat([value.narrow(tdim, 1, t - 1), value.narrow(tdim, t - 1, 1)], tdim)
-        ends = torch.ones_like(eff)
-        ends[..., :-1, :] = eff[..., 1:, :]
-        ends = ends.reshape(*td.batch_size, *([1] * (value.dim() - td.batch_dims)))
+        agents = [r.shape[bd] for r in restarts if r.dim() > bd]
+        per_agent = bool(agents) and value.dim() >= bd + 2 and value.shape[bd] == agents[0]
+        steps = value.shape[: bd + 1] if per_agent else td.batch_size
+        starts = torch.stack([_match(r, steps, bd) for r in restarts]).any(0)
+        ends = torch.ones_like(starts)
+        ends.narrow(tdim, 0, t - 1).copy_(starts.narrow(tdim, 1, t - 1))
+        ends = ends.reshape(*steps, *([1] * (value.dim() - len(steps))))
         next_value = torch.where(ends, one_step, shifted.detach())
     return value, next_value
 

@@ -22,7 +22,7 @@ from recurrl.functional.returns import (
     td_lambda_return_estimate,
 )
 from recurrl.modules.recurrent_mode import set_recurrent_mode
-from recurrl.objectives.common import LossModule, masked_normalize, step_mask
+from recurrl.objectives.common import LossModule, masked_normalize, real_steps
 from recurrl.objectives.value._next_state import state_keys_of, values_and_next_values
 
 __all__ = ["GAE", "TDLambdaEstimator", "ValueEstimatorBase"]
@@ -82,6 +82,28 @@ class ValueEstimatorBase(LossModule):
             raise KeyError(f"{type(self).__name__}: key {key!r} not found in the TensorDict.")
         return x.unsqueeze(-1) if x.dim() == td.batch_dims else x
 
+    def _flags_like(self, td: TensorDictBase, reward: Tensor, *tensors: Tensor) -> list[Tensor]:
+        """Env-level ``[*B, T, 1]`` entries (flags, a value shared by the agents) for
+        per-agent rewards ``[*B, T, n_agents, 1]``: the same for every agent of a row."""
+        bd = td.batch_dims
+        out = []
+        for x in tensors:
+            if x.shape != reward.shape and x.dim() == bd + 1 and reward.dim() == bd + 2:
+                x = x.unsqueeze(bd).expand(reward.shape)
+            out.append(x)
+        return out
+
+    def _inputs(self, td: TensorDictBase) -> tuple[Tensor, ...]:
+        """``(value, next_value, reward, done, terminated)``, per agent where the reward is,
+        and the time dim (``td.batch_dims - 1``) for the kernels."""
+        k = self.tensor_keys
+        v, nv = self._values(td)
+        reward = self._read(td, self._next(k.reward))
+        done = self._read(td, self._next(k.done))
+        term = self._read(td, self._next(k.terminated))
+        v2, nv2, done, term = self._flags_like(td, reward, v, nv, done, term)
+        return v, v2, nv2, reward.to(v.dtype), done, term
+
     def _values(self, td: TensorDictBase) -> tuple[Tensor, Tensor]:
         if self.shifted:
             return self._values_shifted(td)
@@ -111,6 +133,12 @@ class ValueEstimatorBase(LossModule):
             raise ValueError(f"{name}: expected a TensorDict with a time dim, batch_size=[].")
         done = self._read(td, self._next(k.done)).bool()
         term = self._read(td, self._next(k.terminated)).bool()
+        if done.dim() > td.batch_dims + 1:
+            raise ValueError(
+                f"{name}(shifted=True): the done flags {k.done!r} are per agent "
+                f"{list(done.shape)}; shifted=True reads env-level flags [*B, T, 1] only. "
+                f"Fix: shifted=False (the default)."
+            )
         is_init = td.get(k.is_init, None)
         if is_init is None:
             if state_keys_of(self.value_network):
@@ -179,6 +207,14 @@ class GAE(ValueEstimatorBase):
     Input keys: the critic's in_keys and ``("next", ...)`` in_keys, ``"is_init"``,
     ``("next", "reward"|"done"|"terminated")``, optionally ``("collector", "mask")``.
 
+    Agents (MAPPO/IPPO, see :func:`~recurrl.objectives.multiagent_ppo_loss`): with the keys
+    set to a group's per-agent entries (``reward=("agents", "reward")``, ``done=``,
+    ``terminated=``, ``value=``, ``advantage=``, ``value_target=``, ``mask=``) rewards and
+    flags are ``[*B, T, n_agents, 1]`` and GAE runs per agent (time is dim ``-3``), each
+    agent's recursion cut at its own ``done``; env-level flags or values ``[*B, T, 1]`` hold
+    for every agent of the row. ``average_gae`` normalizes over the steps where the mask
+    (and ``("collector", "mask")``) is True.
+
     Examples:
         >>> import torch
         >>> from tensordict import TensorDict
@@ -207,15 +243,13 @@ class GAE(ValueEstimatorBase):
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         k = self.tensor_keys
-        v, nv = self._values(tensordict)
-        reward = self._read(tensordict, self._next(k.reward))
-        done = self._read(tensordict, self._next(k.done))
-        term = self._read(tensordict, self._next(k.terminated))
+        v, v_all, nv, reward, done, term = self._inputs(tensordict)
         adv, target = generalized_advantage_estimate(
-            self.gamma, self.lmbda, v, nv, reward.to(v.dtype), done, term, time_dim=-2
-        )
+            self.gamma, self.lmbda, v_all, nv, reward, done, term,
+            time_dim=tensordict.batch_dims - 1,
+        )  # fmt: skip
         if self.average_gae:
-            mask = step_mask(tensordict, k.mask)
+            mask = real_steps(tensordict, k.mask, adv.shape[:-1])
             adv = masked_normalize(adv.squeeze(-1), mask).unsqueeze(-1)
         tensordict.set(k.advantage, adv)
         tensordict.set(k.value_target, target)
@@ -252,14 +286,11 @@ class TDLambdaEstimator(ValueEstimatorBase):
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         k = self.tensor_keys
-        v, nv = self._values(tensordict)
-        reward = self._read(tensordict, self._next(k.reward))
-        done = self._read(tensordict, self._next(k.done))
-        term = self._read(tensordict, self._next(k.terminated))
+        v, v_all, nv, reward, done, term = self._inputs(tensordict)
         target = td_lambda_return_estimate(
-            self.gamma, self.lmbda, nv, reward.to(v.dtype), done, term, time_dim=-2
+            self.gamma, self.lmbda, nv, reward, done, term, time_dim=tensordict.batch_dims - 1
         )
         tensordict.set(k.value_target, target)
-        tensordict.set(k.advantage, target - v)
+        tensordict.set(k.advantage, target - v_all)
         tensordict.set(k.value, v)
         return tensordict

@@ -1,0 +1,253 @@
+"""Multi-agent PPO in ``recurrl train``: MAPPO and IPPO on PettingZoo and VMAS tasks.
+
+``recurrl train --env mpe2:simple_spread_v3`` (or ``--env vmas:balance``, any id of
+:data:`~recurrl.envs.multiagent.MULTIAGENT_MODULES`) trains the agents of the env's group
+``"agents"`` with PPO on their own rewards, dones and masks
+(:func:`~recurrl.objectives.multiagent_ppo_loss`):
+
+* the **actor** is shared by the agents (parameter sharing): the memory of ``--memory``
+  built with ``n_agents`` (each agent its own hidden state ``[*B, n_agents, L, H]``, reset
+  at its own ``("agents", "is_init")``), or an MLP with ``--memory none``, then a
+  categorical head per agent;
+* the **critic** is ``--multiagent mappo`` (default): centralized, over the env's global
+  ``"state"`` when it has one (PettingZoo's ``state()``, VMAS's concatenated observations),
+  else over all agents' observations; or ``--multiagent ippo``: each agent's value from its
+  own observation. With a memory the critic has one too (a GRU), carried while collecting.
+
+The env gets :class:`~recurrl.envs.InitTracker` (env-level and per-agent ``is_init``),
+:class:`~recurrl.envs.TeamReward` (the mean of the agents' rewards as the env-level reward)
+and :class:`~recurrl.envs.RewardSum`: the returns ``recurrl train`` logs and ``recurrl
+eval`` reports are the team's (the mean over agents of their returns). Discrete actions
+only (VMAS tasks are built with ``continuous_actions=False``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict.nn import TensorDictModule as Mod
+from tensordict.nn import TensorDictSequential as Seq
+from torch import nn
+
+from recurrl.envs import Compose, InitTracker, RewardSum, TeamReward, TransformedEnv, specs
+from recurrl.envs.multiagent import is_multiagent_env_id, make_multiagent_env
+from recurrl.modules import MEMORY_REGISTRY, MLP
+from recurrl.modules.registry import FEED_FORWARD
+from recurrl.objectives import multiagent_critic
+from recurrl.trainers.config import EnvConfig, ModelConfig, TrainConfig
+from recurrl.trainers.errors import UsageError
+
+__all__ = [
+    "GROUP",
+    "MULTIAGENT_TASKS",
+    "MultiAgentActorCritic",
+    "is_multiagent",
+    "make_multiagent_train_env",
+    "multiagent_actor_critic",
+]
+
+#: the agent group ``recurrl train`` trains
+GROUP = "agents"
+
+
+def _recall(num_envs: int, seed: int | None, device: torch.device | str | None) -> Any:
+    from recurrl.envs.multiagent_recall import MultiAgentRecallEnv
+
+    env = MultiAgentRecallEnv(
+        batch_size=[num_envs], n_agents=3, num_cues=4, lengths=(8, 6, 4),
+        device="cpu" if device is None else device,
+    )  # fmt: skip
+    if seed is not None:
+        env.set_seed(seed)
+    return env
+
+
+#: recurrl's own multi-agent tasks (batched torch envs), by id: builders ``(num_envs, seed,
+#: device) -> env``. ``MultiAgentRecall-v0``: 3 agents each see one of 4 cues at their own
+#: first step and are scored for naming it 8, 6 and 4 steps later
+#: (:class:`~recurrl.testing.MultiAgentRecallEnv`): a memory scores a team return of 1.0,
+#: no memory 0.25 in expectation.
+MULTIAGENT_TASKS: dict[str, Any] = {"MultiAgentRecall-v0": _recall}
+
+
+def is_multiagent(cfg: EnvConfig) -> bool:
+    """Whether ``cfg.env`` names a multi-agent task (``vmas:...``, ``mpe2:...``, an id of
+    :data:`MULTIAGENT_TASKS`).
+
+    Examples:
+        >>> is_multiagent(EnvConfig()), is_multiagent(EnvConfig(env="vmas:balance"))
+        (False, True)
+    """
+    return cfg.env in MULTIAGENT_TASKS or is_multiagent_env_id(cfg.env)
+
+
+def make_multiagent_train_env(
+    cfg: EnvConfig,
+    num_envs: int,
+    *,
+    seed: int | None = None,
+    device: torch.device | str | None = None,
+) -> TransformedEnv:
+    """``num_envs`` env rows of the multi-agent task ``cfg.env`` (an id of
+    :data:`MULTIAGENT_TASKS`, or of :func:`~recurrl.envs.multiagent.make_multiagent_env`) with
+    ``InitTracker``,
+    ``TeamReward`` and ``RewardSum`` (``("next", "episode_reward")``: the team's return).
+
+    Raises:
+        UsageError: the task's agents are not one group ``"agents"``, or its actions are
+            not discrete.
+
+    Examples:
+        >>> env = make_multiagent_train_env(EnvConfig(env="vmas:balance"), 2, seed=0)
+        >>> td = env.reset()
+        >>> td["agents", "observation"].shape[:2], td["agents", "is_init"].shape
+        (torch.Size([2, 3]), torch.Size([2, 3, 1]))
+    """
+    kwargs: dict[str, Any] = {}
+    if cfg.env.startswith("vmas:"):
+        kwargs["continuous_actions"] = False
+    if cfg.env in MULTIAGENT_TASKS:  # (EnvConfig refuses max_episode_steps for them)
+        base = MULTIAGENT_TASKS[cfg.env](num_envs, seed, device)
+    else:
+        try:
+            base = make_multiagent_env(
+                cfg.env, num_envs, device=device, seed=seed,
+                max_episode_steps=cfg.max_episode_steps, **kwargs,
+            )  # fmt: skip
+        except (ImportError, ValueError) as err:
+            raise UsageError(f"recurrl train --env {cfg.env}: {err}") from err
+    groups = [
+        key for key, spec in base.full_action_spec.items() if isinstance(spec, specs.Composite)
+    ]
+    if groups != [GROUP]:
+        raise UsageError(
+            f"recurrl train --env {cfg.env}: expected the agents in one group {GROUP!r} (agents "
+            f"with the same observation and action specs), found the groups {groups}. Fix: "
+            f"train a task whose agents are alike, or build the env with "
+            f"recurrl.envs.make_multiagent_env and a loss per group (docs/guides/multiagent.md)."
+        )
+    action = base.full_action_spec[GROUP, "action"]
+    if not isinstance(action, specs.Categorical):
+        raise UsageError(
+            f"recurrl train --env {cfg.env}: the agents' actions must be discrete "
+            f"(Categorical), received {type(action).__name__}. Fix: a task with discrete actions "
+            f"(VMAS: continuous_actions=False, which recurrl train sets)."
+        )
+    return TransformedEnv(base, Compose(InitTracker(), TeamReward(GROUP), RewardSum()))
+
+
+class MultiAgentActorCritic(nn.Module):
+    """A shared actor and a MAPPO or IPPO critic for the agents of one group.
+
+    Args:
+        cfg: the model section (``memory``, ``hidden_size``, ``num_layers``,
+            ``recurrent_backend``).
+        n_agents: agents in the group.
+        obs_dim: features of one agent's observation ``(group, "observation")``
+            ``[*B, n_agents, F]``.
+        n_actions: discrete actions of one agent.
+
+    Keyword Args:
+        critic: ``"mappo"`` (centralized) or ``"ippo"`` (per agent). Default ``"mappo"``.
+        state_size: features of the env's global ``"state"`` ``[*B, S]`` (a MAPPO critic then
+            reads it), or ``None`` (a MAPPO critic reads all agents' observations).
+        group: the agent group. Default ``"agents"``.
+
+    Attributes:
+        actor: writes ``(group, "logits")`` ``[*B, n_agents, n_actions]``.
+        critic: writes ``(group, "state_value")`` ``[*B, n_agents, 1]``.
+        obs_norm: always ``None`` (the single-agent recipe's observation normalization is
+            not offered here).
+
+    Examples:
+        >>> from tensordict import TensorDict
+        >>> model = MultiAgentActorCritic(ModelConfig(memory="gru", hidden_size=8), 3, 5, 4)
+        >>> agents = TensorDict({"observation": torch.randn(2, 3, 5),
+        ...                      "is_init": torch.ones(2, 3, 1, dtype=torch.bool)}, [2, 3])
+        >>> td = model.policy()(TensorDict({"agents": agents, "is_init": agents["is_init"][:, 0]},
+        ...                                [2]))
+        >>> td["agents", "action"].shape, td["agents", "sample_log_prob"].shape
+        (torch.Size([2, 3]), torch.Size([2, 3]))
+    """
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        n_agents: int,
+        obs_dim: int,
+        n_actions: int,
+        *,
+        critic: str = "mappo",
+        state_size: int | None = None,
+        group: str = GROUP,
+    ) -> None:
+        super().__init__()
+        self.group = group
+        self.obs_norm = None
+        self.continuous = False
+        self.action_nvec = None
+        width = cfg.hidden_size
+        obs, features = (group, "observation"), (group, "actor_features")
+        if cfg.memory == FEED_FORWARD:
+            mlp = MLP(obs_dim, width, num_cells=width, depth=cfg.num_layers,
+                      activate_last_layer=True)  # fmt: skip
+            trunk: nn.Module = Mod(mlp, [obs], [features])
+        else:
+            module = MEMORY_REGISTRY[cfg.memory].module
+            try:
+                trunk = module(
+                    obs_dim, width, num_layers=cfg.num_layers,
+                    recurrent_backend=cfg.recurrent_backend, in_key=obs, out_key=features,
+                    n_agents=n_agents,
+                )  # fmt: skip
+            except TypeError as err:
+                raise UsageError(
+                    f"recurrl train: the memory {cfg.memory!r} ({module.__name__}) has no agent "
+                    f"dimension (n_agents=...): {err}. Fix: --memory lstm, gru, mingru or lru "
+                    f"with a multi-agent env, or --memory none."
+                ) from err
+        head = Mod(MLP(width, n_actions, num_cells=width), [features], [(group, "logits")])
+        self.actor = Seq(trunk, head)
+        self.recurrent = cfg.memory != FEED_FORWARD
+        self.critic = multiagent_critic(
+            n_agents, critic, observation_size=obs_dim,
+            state_size=state_size if critic == "mappo" else None, recurrent=self.recurrent,
+            hidden_size=width, group=group,
+        )  # fmt: skip
+
+    def policy(self, deterministic: bool = False) -> Seq:
+        """The acting module: the actor, the critic's memory (when it has one and the policy
+        samples, so its state is stored with the batch for the loss), and a categorical
+        sampler writing ``(group, "action")`` ``[*B, n_agents]`` and ``(group,
+        "sample_log_prob")`` ``[*B, n_agents]`` (``deterministic``: the most likely action)."""
+        from recurrl.trainers.models import CategoricalSampler
+
+        g = self.group
+        sampler = Mod(
+            CategoricalSampler(deterministic), [(g, "logits")], [(g, "action"),
+                                                                 (g, "sample_log_prob")],
+        )  # fmt: skip
+        if self.recurrent and not deterministic:
+            return Seq(self.actor, self.critic[0], sampler)
+        return Seq(self.actor, sampler)
+
+
+def multiagent_actor_critic(cfg: TrainConfig, env) -> MultiAgentActorCritic:
+    """The :class:`MultiAgentActorCritic` of ``cfg`` for ``env`` (from
+    :func:`make_multiagent_train_env`): its agents, observation and action sizes, and the
+    global state's size when the env has one."""
+    observation = env.observation_spec[GROUP, "observation"]
+    n_agents, obs_dim = observation.shape[-2], observation.shape[-1]
+    if observation.ndim - len(env.batch_size) != 2:
+        raise UsageError(
+            f"recurrl train --env {cfg.env.env}: the agents' observations must be vectors "
+            f"([*B, n_agents, F]), received shape {list(observation.shape)}."
+        )
+    state = env.observation_spec.get("state", None)
+    state_size = None if state is None else int(state.shape[-1])
+    n_actions = int(env.full_action_spec[GROUP, "action"].n)
+    return MultiAgentActorCritic(
+        cfg.model, int(n_agents), int(obs_dim), n_actions, critic=cfg.ppo.multiagent,
+        state_size=state_size,
+    )  # fmt: skip

@@ -1,0 +1,149 @@
+"""``recurrl train`` on multi-agent tasks: MAPPO / IPPO, recurrent and feed-forward."""
+
+import importlib.util
+import json
+import re
+
+import pytest
+import torch
+
+from recurrl.trainers.config import EnvConfig, ModelConfig, TrainConfig
+from recurrl.trainers.evaluate import evaluate
+from recurrl.trainers.logger import read_metrics
+from recurrl.trainers.models import actor_critic, make_env
+from recurrl.trainers.multiagent import MultiAgentActorCritic
+from recurrl.trainers.ppo import PPOTrainer
+from tests.trainers._helpers import metric_numbers, parse_train, run_cli
+
+needs_vmas = pytest.mark.skipif(
+    importlib.util.find_spec("vmas") is None, reason="the vmas extra is not installed"
+)
+RECALL = ["--env", "MultiAgentRecall-v0", "--num-envs", "4", "--steps-per-env", "8",
+          "--frames", "64", "--epochs", "1", "--num-minibatches", "2", "--hidden-size", "8",
+          "--quiet"]  # fmt: skip
+
+VMAS = ["--env", "vmas:balance", "--max-episode-steps", "8", "--num-envs", "4",
+        "--steps-per-env", "8", "--frames", "64", "--epochs", "1", "--num-minibatches", "2",
+        "--hidden-size", "8", "--eval-episodes", "0", "--quiet"]  # fmt: skip
+
+
+@needs_vmas
+@pytest.mark.parametrize(("memory", "critic"), [("gru", "mappo"), ("lstm", "ippo"),
+                                                ("none", "mappo")])  # fmt: skip
+def test_train_evaluate_and_resume_a_multiagent_run(tmp_path, capsys, memory, critic):
+    run_dir = tmp_path / "run"
+    argv = [*VMAS, "--memory", memory, "--multiagent", critic, "--run-dir", str(run_dir)]
+    run_cli(capsys, "train", *argv, "--checkpoint-every", "32")
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["ppo"]["multiagent"] == critic and saved["env"]["env"] == "vmas:balance"
+    rows = read_metrics(run_dir)
+    assert [int(r["frames"]) for r in rows] == [32, 64]
+    assert all(r["loss_objective"] not in ("", "nan") for r in rows)
+    returns = evaluate(run_dir, episodes=2)
+    assert len(returns) == 2 and all(isinstance(r, float) for r in returns)
+    # a run stopped after its first batch resumes from its checkpoint (the VMAS episodes
+    # start afresh: the simulator is not in the checkpoint) and has no gap or duplicate
+    part = tmp_path / "part"
+    cfg = parse_train(*[a if a != str(run_dir) else str(part) for a in argv])
+    part.mkdir()
+    (part / "config.json").write_text(json.dumps(cfg.to_dict()))
+    PPOTrainer(cfg).train(stop_after=32)
+    run_cli(capsys, "train", "--resume", str(part), "--quiet")
+    assert [int(r["frames"]) for r in read_metrics(part)] == [32, 64]
+    assert metric_numbers(part)[0] == metric_numbers(run_dir)[0]  # same seed, same batch
+
+
+@needs_vmas
+def test_the_model_follows_the_env_and_the_collected_batch_holds_per_agent_states():
+    cfg = parse_train(*VMAS, "--memory", "gru")
+    env = make_env(cfg.env, seed=0)
+    model = actor_critic(cfg, env)
+    assert isinstance(model, MultiAgentActorCritic)
+    n_agents = env.observation_spec["agents", "observation"].shape[-2]
+    from recurrl.collectors import Collector
+
+    collector = Collector(env, model.policy(), frames_per_batch=16)
+    batch = collector.rollout()
+    collector.shutdown()
+    assert batch["agents", "action"].shape == (4, 4, n_agents)
+    assert batch["agents", "is_init"].shape == (4, 4, n_agents, 1)
+    group = batch["agents"]
+    states = [k for k in group.keys() if "state" in k and k != "state_value"]  # noqa: SIM118
+    assert states, "the actor's per-agent hidden state must ride in the batch"
+    for key in states:
+        assert batch["agents", key].shape[:3] == (4, 4, n_agents)
+    # the team reward is the mean of the agents' rewards
+    torch.testing.assert_close(
+        batch["next", "reward"], batch["next", "agents", "reward"].mean(-2)
+    )
+
+
+@needs_vmas
+def test_mappo_reads_the_global_state_and_ippo_does_not():
+    env = make_env(EnvConfig(env="vmas:balance", num_envs=2), seed=0)
+    mappo = actor_critic(TrainConfig(env=EnvConfig(env="vmas:balance")), env)
+    ippo_cfg = TrainConfig(env=EnvConfig(env="vmas:balance"))
+    ippo_cfg.ppo.multiagent = "ippo"
+    ippo = actor_critic(ippo_cfg, env)
+    assert "state" in mappo.critic.in_keys
+    assert "state" not in ippo.critic.in_keys
+
+
+@needs_vmas
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--algo", "dqn"], "algo=dqn is not available with a multi-agent task"),
+        (["--obs-norm"], "obs_norm"),
+        (["--engine", "torch"], "multi-agent task"),
+        (["--multiagent", "qmix"], "invalid choice|multiagent must be"),
+    ],
+)
+def test_what_a_multiagent_run_cannot_do_is_refused_with_the_fix(argv, match, capsys):
+    with pytest.raises((ValueError, SystemExit)) as info:
+        parse_train("--env", "vmas:balance", *argv)
+    said = str(info.value) if info.type is not SystemExit else capsys.readouterr().err
+    assert re.search(match, said), said
+
+
+@needs_vmas
+def test_a_memory_without_an_agent_dimension_is_refused_by_name():
+    from recurrl.trainers.errors import UsageError
+
+    env = make_env(EnvConfig(env="vmas:balance", num_envs=2), seed=0)
+    cfg = TrainConfig(env=EnvConfig(env="vmas:balance"), model=ModelConfig(memory="transformer"))
+    with pytest.raises(UsageError, match="no agent dimension"):
+        actor_critic(cfg, env)
+
+
+@needs_vmas
+def test_a_multiagent_run_and_an_agent_module_are_refused_by_export(tmp_path, capsys):
+    from recurrl.modules import GRUModule
+    from recurrl.trainers._export_graph import _RecurrentStep
+    from recurrl.trainers.export import ExportError, export_run
+
+    run_dir = tmp_path / "run"
+    run_cli(capsys, "train", *VMAS, "--memory", "gru", "--run-dir", str(run_dir))
+    with pytest.raises(ExportError, match="multi-agent task 'vmas:balance'"):
+        export_run(run_dir)
+    gru = GRUModule(4, 8, in_key=("agents", "observation"), out_key=("agents", "f"), n_agents=3)
+    with pytest.raises(ExportError, match=r"GRUModule\(n_agents=3\)"):
+        _RecurrentStep(gru)
+
+
+def test_the_builtin_memory_task_trains_and_evaluates_without_optional_packages(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    lines = run_cli(capsys, "train", *RECALL, "--memory", "gru", "--eval-episodes", "3",
+                    "--run-dir", str(run_dir))  # fmt: skip
+    assert any(line.startswith("greedy evaluation: mean_return:") for line in lines)
+    assert [int(r["frames"]) for r in read_metrics(run_dir)] == [32, 64]
+    with pytest.raises(ValueError, match="fixed length"):
+        parse_train(*RECALL, "--max-episode-steps", "3")
+
+
+def test_mappo_with_ray_workers(ray_session, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    argv = [*RECALL, "--collector", "ray", "--workers", "2", "--memory", "gru"]
+    lines = run_cli(capsys, "train", *argv, "--eval-episodes", "2", "--run-dir", str(run_dir))
+    assert any(line.startswith("greedy evaluation: mean_return:") for line in lines)
+    assert [int(r["frames"]) for r in read_metrics(run_dir)] == [32, 64]
