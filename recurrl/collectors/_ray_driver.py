@@ -31,6 +31,10 @@ class _Worker:
     requested: int = 0  # batches requested at this position (yielded, queued, in flight)
     queue: collections.deque = field(default_factory=collections.deque)  # (seq, batch)
     info: dict[str, Any] = field(default_factory=dict)
+    active: bool = False  # started and set up: asked for batches
+    info_ref: Any = None  # ObjectRef of its start-up answer while it is not active
+    joining_since: float = 0.0  # when its actor was created (a joining one: not placed yet)
+    saved_state: dict[str, Any] | None = None  # a loaded checkpoint's, for when it joins
 
 
 class _Resources:
@@ -149,6 +153,42 @@ def _check_numbers(
             f"a Ray actor (e.g. recurrl.data.RayReplayBuffer), received "
             f"{type(replay_buffer).__name__}."
         )
+
+
+def check_env_sizes(
+    workers: list[_Worker], every: list[_Worker], share: int, sync: bool, num_collectors: int
+) -> None:
+    """Check the env batch sizes that ``workers`` (just started, of ``every`` worker)
+    reported: one batch dim, ``share`` frames a multiple of the env count, and with ``sync``
+    the same env count everywhere."""
+    for w in workers:
+        n, batch = w.info["num_envs"], w.info["batch_size"]
+        if len(batch) > 1:
+            raise ValueError(
+                f"RayCollector: remote collector {w.index} built an env of batch_size "
+                f"{batch} ({w.info['env']}); a Collector steps an env of batch_size [] or "
+                f"[N] (one row of the batch per env). Fix: a batched env with one batch "
+                f"dim, e.g. CartPoleEnv({n}) instead of {batch}."
+            )
+        if share % n:
+            what = "frames_per_batch / num_collectors" if sync else "frames_per_batch"
+            lo = max(1, share // n) * n
+            fix = lo * num_collectors if sync else lo
+            raise ValueError(
+                f"RayCollector: remote collector {w.index} steps {n} envs (env batch_size "
+                f"{batch}), but its share of each batch ({what} = {share} frames) is "
+                f"not a multiple of {n}: every env steps the same number of times. Fix: "
+                f"frames_per_batch={fix}."
+            )
+    if sync:
+        sizes = {w.index: w.info["num_envs"] for w in every if w.info}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(
+                f"RayCollector: with sync=True the batches of the remote collectors are "
+                f"concatenated along the env dim and need the same length T, so every "
+                f"remote collector must step the same number of envs; received env counts "
+                f"{sizes}. Fix: the same number of envs in every create_env_fn, or sync=False."
+            )
 
 
 def _remote_text(err: BaseException) -> str:

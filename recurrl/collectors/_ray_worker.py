@@ -29,6 +29,9 @@ _SUMMARY_KEYS = (
     ("next", "episode_reward"),
 )
 _TD_MARK = "__tensordict__"
+#: Seconds a remote collector goes on dropping its batches while its replay buffer's actor
+#: is dead and not rebuilt; past them the collector fails (nobody rebuilds the buffer).
+LOST_BUFFER_GRACE = 120.0
 
 
 def summary_keys(data: TensorDictBase) -> list[tuple[str, ...]]:
@@ -117,6 +120,10 @@ class CollectorWorker:
         #: env steps), and batches collected
         self.rollout_seconds = self.rollout_cpu_seconds = 0.0
         self.batches = 0
+        #: batches not stored because the replay buffer's actor was dead, and since when
+        #: (monotonic) it has been
+        self.dropped_batches = 0
+        self.lost_since: float | None = None
         try:
             env = create_env_fn()
             if not isinstance(env, EnvBase):
@@ -197,23 +204,43 @@ class CollectorWorker:
         data.set(WORKER_KEY, torch.full(shape, self.worker_id, dtype=torch.int64))
         if self.replay_buffer is None:
             return pack(data)
+        self._write(data)
+        return pack(data.select(*summary_keys(data)))
+
+    def _write(self, data: TensorDictBase) -> None:
+        """Extend the replay buffer with ``data``. While a ``RayReplayBuffer``'s actor
+        is dead and its owner has not rebuilt it yet (it does at its next call), the batch
+        is dropped (counted in :meth:`timings`); a buffer still dead after
+        :data:`LOST_BUFFER_GRACE` seconds is an error."""
         import ray
 
-        written = self.replay_buffer.extend(data)
-        if isinstance(written, ray.ObjectRef):
-            ray.get(written)  # the write is finished before the summary leaves
-        return pack(data.select(*summary_keys(data)))
+        from recurrl.data.ray_buffer import BufferActorDiedError
+
+        try:
+            written = self.replay_buffer.extend(data)
+            if isinstance(written, ray.ObjectRef):
+                ray.get(written)  # the write is finished before the summary leaves
+        except BufferActorDiedError:
+            now = time.monotonic()
+            self.lost_since = now if self.lost_since is None else self.lost_since
+            if now - self.lost_since > LOST_BUFFER_GRACE:
+                raise
+            self.dropped_batches += 1
+            return
+        self.lost_since = None
 
     def timings(self) -> dict[str, float]:
         """What this worker spent so far: ``rollout_seconds`` and ``rollout_cpu_seconds``
         (wall and CPU time in ``Collector.rollout``: policy and env steps, without the
         batch's way to the driver), ``process_cpu_seconds`` (CPU time of the whole process,
-        Ray's serialization of the batches included) and ``batches``."""
+        Ray's serialization of the batches included), ``batches`` and ``dropped_batches``
+        (collected while the replay buffer's actor was dead: not stored)."""
         return {
             "rollout_seconds": self.rollout_seconds,
             "rollout_cpu_seconds": self.rollout_cpu_seconds,
             "process_cpu_seconds": time.process_time(),
             "batches": self.batches,
+            "dropped_batches": self.dropped_batches,
         }
 
     def set_seed(self, seed: int) -> int:

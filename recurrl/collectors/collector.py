@@ -3,7 +3,6 @@ from step to step and from batch to batch, and yield fixed-size batches."""
 
 from __future__ import annotations
 
-import atexit
 import copy
 import math
 import threading
@@ -14,6 +13,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
+from recurrl.collectors._background import BackgroundThread
 from recurrl.collectors._policy_plan import plan_policy
 from recurrl.collectors._stack import stack_plain
 from recurrl.envs import EnvBase
@@ -35,25 +35,6 @@ TRAJ_KEY = ("collector", "traj_ids")
 # copies every frame a second time, which with many envs cost as much as the stacking.
 _CHUNK_STEPS = 64
 Policy = Callable[[TensorDictBase], TensorDictBase | None]
-#: The background threads of started collectors, with their stop flags.
-_LIVE_THREADS: dict[threading.Thread, threading.Event] = {}
-#: How long the exit hook waits for a background thread to finish its batch.
-_EXIT_JOIN_TIMEOUT = 30.0
-
-
-@atexit.register
-def _stop_live_threads() -> None:
-    """Stop the threads of collectors nobody shut down, before the interpreter goes away.
-
-    They are daemon threads (a forgotten ``async_shutdown()`` must not keep a program
-    alive), and a daemon thread still inside torch when the interpreter finalizes aborts
-    the process ("terminate called without an active exception"). Exit hooks run while
-    daemon threads still run normally: each is asked to stop after its batch and awaited.
-    """
-    for stop in list(_LIVE_THREADS.values()):
-        stop.set()
-    for thread in list(_LIVE_THREADS):
-        thread.join(_EXIT_JOIN_TIMEOUT)
 
 
 class Collector:
@@ -245,10 +226,7 @@ class Collector:
         self.replay_buffer = replay_buffer
         self.extend_buffer = True
         # background collection (start / async_shutdown)
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._thread_error: BaseException | None = None
-        self._error_reported = False
+        self._background = BackgroundThread(type(self).__name__)
         # held around every policy call and every weight update: an update lands between
         # two steps of the background thread, never inside one
         self._policy_lock = threading.Lock()
@@ -574,31 +552,17 @@ class Collector:
                 "this collector has none. Fix: Collector(env, policy, frames_per_batch=..., "
                 "replay_buffer=rb), then sample from rb while the thread collects."
             )
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        # daemon: a program that forgets async_shutdown() still exits
-        self._thread = threading.Thread(
-            target=self._run, name=f"recurrl-{type(self).__name__}", daemon=True
-        )
-        _LIVE_THREADS[self._thread] = self._stop
-        self._thread.start()
+        self._background.start(self._background_step, self._finished)
 
-    def _run(self) -> None:
-        """The background thread: batches into the buffer until stopped or done."""
-        try:
-            while not self._stop.is_set() and not self._finished():
-                self.replay_buffer.extend(self._rollout())
-        except BaseException as err:  # raised again in the caller's thread
-            self._thread_error = err
-        finally:
-            _LIVE_THREADS.pop(threading.current_thread(), None)
+    def _background_step(self) -> None:
+        """One batch of the background thread, into the buffer."""
+        self.replay_buffer.extend(self._rollout())
 
     def is_running(self) -> bool:
         """Whether :meth:`start`'s thread is collecting (``False`` once it finished
         ``total_frames`` or was stopped). Raises the thread's error if it failed (once)."""
         self._raise_thread_error()
-        return self._thread is not None and self._thread.is_alive()
+        return self._background.is_alive()
 
     def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
         """Stop :meth:`start`'s thread after its current batch, then shut down.
@@ -624,44 +588,24 @@ class Collector:
             self._raise_thread_error()
 
     def _stop_thread(self, timeout: float | None) -> None:
-        thread = self._thread
-        if thread is None:
-            return
-        if thread is threading.current_thread():
-            raise RuntimeError(
-                "Collector: the background thread cannot stop itself (a buffer or policy "
-                "called shutdown from inside the collection)."
-            )
-        self._stop.set()
-        thread.join(timeout)
-        if thread.is_alive():
-            raise TimeoutError(
-                f"Collector.async_shutdown: the background thread did not finish its batch "
-                f"within timeout={timeout} s; it stops after that batch. The env was left "
-                f"open (the thread still steps it). Fix: call async_shutdown() again, with "
-                f"a larger timeout or none."
-            )
-        self._thread = None
+        self._background.stop(timeout)
 
     def _raise_thread_error(self) -> None:
         """Raise the background thread's exception, the first time it is asked."""
-        err = self._thread_error
-        if err is None or self._error_reported:
-            return
-        self._error_reported = True
-        if self._thread is not None:
-            self._thread.join()  # it is ending: the exception was its last act
-            self._thread = None
-        if hasattr(err, "add_note"):  # Python >= 3.11
-            err.add_note(
-                "(raised in the Collector's background thread, started by start(); the "
-                "collector cannot go on: shut it down and build a new one)"
-            )
-        raise err
+        self._background.raise_error()
+
+    @property
+    def _thread(self) -> threading.Thread | None:
+        """:meth:`start`'s thread (``None`` before it and after it was stopped)."""
+        return self._background.thread
+
+    @property
+    def _thread_error(self) -> BaseException | None:
+        return self._background.error
 
     def _refuse_while_running(self, what: str) -> None:
         self._raise_thread_error()
-        if self._thread is not None and self._thread.is_alive():
+        if self._background.is_alive():
             raise RuntimeError(
                 f"Collector: {what} while the background thread (start()) collects: it "
                 f"would use the env from two threads. Fix: collector.async_shutdown("

@@ -88,6 +88,7 @@ class _MultiCollector(RayCollector):
         max_weight_update_interval: int = -1,
         max_restarts: int = 0,
         timeout: float = 300.0,
+        placement_timeout: float | None = 60.0,
         **unsupported: Any,
     ) -> None:
         owner = type(self).__name__
@@ -131,6 +132,7 @@ class _MultiCollector(RayCollector):
             replay_buffer=replay_buffer,
             max_restarts=max_restarts,
             timeout=timeout,
+            placement_timeout=placement_timeout,
         )
 
     @property
@@ -163,7 +165,8 @@ class MultiSyncCollector(_MultiCollector):
     carry ``("collector", "worker_id")`` and ``("collector", "policy_version")``.
 
     This is a :class:`~recurrl.collectors.RayCollector` with ``sync=True`` (its methods:
-    ``update_policy_weights_``, ``set_seed``, ``state_dict``, ``shutdown``, ...). It needs
+    ``update_policy_weights_``, ``set_seed``, ``state_dict``, ``shutdown``, and with a
+    ``replay_buffer`` ``start`` / ``is_running`` / ``async_shutdown``, ...). It needs
     Ray (``pip install "recurrl[ray]"``); without an initialized Ray it starts a local one
     (``ray_init_config``) and stops it at :meth:`shutdown`.
 
@@ -204,6 +207,8 @@ class MultiSyncCollector(_MultiCollector):
         max_weight_update_interval: as for ``RayCollector``.
         max_restarts: as for ``RayCollector``.
         timeout: as for ``RayCollector``.
+        placement_timeout: as for ``RayCollector`` (:class:`MultiAsyncCollector` goes on
+            with the workers that started; this class needs every worker).
 
     Other reference arguments (``max_frames_per_traj``, ``postproc``, ``num_threads``,
     ...) raise ``TypeError`` naming what to do instead.

@@ -8,6 +8,7 @@ import itertools
 import logging
 import math
 import os
+import threading
 import time
 import weakref
 from collections import deque
@@ -26,6 +27,7 @@ except ImportError as err:  # pragma: no cover - exercised without the extra onl
         'pip install "recurrl[ray]".'
     ) from err
 
+from recurrl.collectors._background import BackgroundThread
 from recurrl.collectors._ray_driver import (
     _check_numbers,
     _cpu_policy,
@@ -35,13 +37,12 @@ from recurrl.collectors._ray_driver import (
     _Resources,
     _Worker,
 )
+from recurrl.collectors._ray_start import SEED_STRIDE, RayCollectorStart
+from recurrl.collectors._ray_state import RayCollectorState
 from recurrl.collectors._ray_wire import as_tensordict, unpack
 from recurrl.collectors._ray_worker import (
     RESERVED_KWARGS,
     RemoteCollectorError,
-    from_plain,
-    remote_worker_class,
-    to_plain,
 )
 from recurrl.envs import EnvBase
 
@@ -49,16 +50,11 @@ __all__ = ["SEED_STRIDE", "RayCollector", "RemoteCollectorError"]
 
 logger = logging.getLogger(__name__)
 
-#: Remote collector ``i`` (slot ``i``) is seeded with ``seed + i * SEED_STRIDE``.
-SEED_STRIDE = 1_000_003
-#: Actor start-up (process launch, env construction) is given at least this long.
-_MIN_START_TIMEOUT = 60.0
 #: Blocking waits are cut in slices this long so that signals (Ctrl-C) are handled.
 _WAIT_SLICE = 0.5
-_STATE_FORMAT = 1
 
 
-class RayCollector:
+class RayCollector(RayCollectorStart, RayCollectorState):
     """Collect batches with ``num_collectors`` remote :class:`~recurrl.collectors.Collector`
     instances, each in its own Ray actor (process, possibly on another node).
 
@@ -140,6 +136,18 @@ class RayCollector:
         timeout: seconds a remote collector may take for a batch (or a call) before it is
             treated as hung: killed, then replaced or reported. Start-up is given at least
             60 s.
+        placement_timeout: ``sync=False`` only: seconds to wait for every remote collector
+            (and every replacement) to start before going on with those that did (one
+            warning, naming how many and the resources they ask for). The others keep
+            waiting for Ray to place them (e.g. a node with free CPUs to join the cluster)
+            and collect from the moment they start, in their own slots (new episodes,
+            trajectory ids that clash with no other's): collection speeds up again.
+            Until a first one starts, the collector waits (up to the start timeout). ``None``:
+            wait for all of them, as ``sync=True`` always does (every batch holds every
+            remote collector's share of ``frames_per_batch``, so fewer collectors cannot
+            make the batch: after the start timeout it raises
+            :class:`RemoteCollectorError` naming what they ask for and what the cluster has
+            free). Default 60.
 
     Examples:
         >>> import functools
@@ -171,9 +179,13 @@ class RayCollector:
         max_restarts: int = 0,
         max_restarts_per_minute: int | None = None,
         timeout: float = 300.0,
+        placement_timeout: float | None = 60.0,
     ) -> None:
         self._resources = _Resources()
         self._finalizer = weakref.finalize(self, self._resources.close)
+        self._background = BackgroundThread(type(self).__name__)  # start() / async_shutdown()
+        # the weights and their version are read by start()'s thread and set by the caller
+        self._weights_lock = threading.RLock()
         # --- arguments (checked before anything starts) ---
         if isinstance(create_env_fn, Sequence) and not isinstance(create_env_fn, str):
             env_fns = list(create_env_fn)
@@ -232,6 +244,14 @@ class RayCollector:
                 f"{rate!r}. Fix: e.g. max_restarts_per_minute=5, or None for no rate limit."
             )
         self.max_restarts_per_minute = rate
+        wait = placement_timeout
+        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float)
+                                 or not wait >= 0):  # fmt: skip
+            raise ValueError(
+                f"RayCollector: expected placement_timeout None or a number of seconds >= 0, "
+                f"received {wait!r}. Fix: e.g. placement_timeout=60 (None: wait for all)."
+            )
+        self.placement_timeout = None if wait is None else float(wait)
         self._collector_kwargs = kwargs
         self._env_fns = env_fns
         self.num_collectors = num_collectors
@@ -308,89 +328,6 @@ class RayCollector:
             if left <= 0:
                 raise ray.exceptions.GetTimeoutError(f"no answer within {timeout} s")
 
-    def _start(self, workers: list[_Worker]) -> None:
-        """Create the actors of ``workers`` (their slots set), check their envs, set them up."""
-        cls = remote_worker_class()
-        for w in workers:
-            w.handle = cls.options(**self._remote_configs[w.index]).remote(
-                self._env_fns[w.index], w.index
-            )
-            self._resources.handles.append(w.handle)
-        start_timeout = max(self.timeout, _MIN_START_TIMEOUT)
-        for w in workers:
-            try:
-                w.info = self._get(w.handle.info.remote(), start_timeout)
-            except ray.exceptions.GetTimeoutError as err:
-                raise RemoteCollectorError(
-                    w.index, f"did not start within {start_timeout:.0f} s (timeout)."
-                ) from err
-            except ray.exceptions.RayError as err:
-                raise RemoteCollectorError(w.index, "failed to start.", _remote_text(err)) from err
-            if w.info["error"]:
-                raise RemoteCollectorError(
-                    w.index, "could not build its env (create_env_fn raised).", w.info["error"]
-                )
-        self._check_env_sizes(workers)
-        refs = []
-        for w in workers:
-            seed = None if self._seed is None else self._seed + w.slot * SEED_STRIDE
-            weights = self._weights_ref if self._version > 0 else None
-            w.version, w.since_update = self._version, 0
-            refs.append(
-                w.handle.setup.remote(
-                    self._policy_ref,
-                    self._share,
-                    w.slot,
-                    self._stride,
-                    self._collector_kwargs[w.index],
-                    seed,
-                    weights,
-                    self._version,
-                    self.replay_buffer,
-                )
-            )
-        for w, ref in zip(workers, refs, strict=True):
-            try:
-                self._get(ref, start_timeout)
-            except ray.exceptions.GetTimeoutError as err:
-                raise RemoteCollectorError(
-                    w.index, f"did not set up its Collector within {start_timeout:.0f} s."
-                ) from err
-            except ray.exceptions.RayError as err:
-                raise RemoteCollectorError(
-                    w.index, "could not build its Collector.", _remote_text(err)
-                ) from err
-
-    def _check_env_sizes(self, workers: list[_Worker]) -> None:
-        for w in workers:
-            n, batch = w.info["num_envs"], w.info["batch_size"]
-            if len(batch) > 1:
-                raise ValueError(
-                    f"RayCollector: remote collector {w.index} built an env of batch_size "
-                    f"{batch} ({w.info['env']}); a Collector steps an env of batch_size [] or "
-                    f"[N] (one row of the batch per env). Fix: a batched env with one batch "
-                    f"dim, e.g. CartPoleEnv({n}) instead of {batch}."
-                )
-            if self._share % n:
-                what = "frames_per_batch / num_collectors" if self.sync else "frames_per_batch"
-                lo = max(1, self._share // n) * n
-                fix = lo * self.num_collectors if self.sync else lo
-                raise ValueError(
-                    f"RayCollector: remote collector {w.index} steps {n} envs (env batch_size "
-                    f"{batch}), but its share of each batch ({what} = {self._share} frames) is "
-                    f"not a multiple of {n}: every env steps the same number of times. Fix: "
-                    f"frames_per_batch={fix}."
-                )
-        if self.sync:
-            sizes = {w.index: w.info["num_envs"] for w in self._workers if w.info}
-            if len(set(sizes.values())) > 1:
-                raise ValueError(
-                    f"RayCollector: with sync=True the batches of the remote collectors are "
-                    f"concatenated along the env dim and need the same length T, so every "
-                    f"remote collector must step the same number of envs; received env counts "
-                    f"{sizes}. Fix: the same number of envs in every create_env_fn, or sync=False."
-                )
-
     # --- weights ---------------------------------------------------------------------------
     def update_policy_weights_(self, weights: TensorDictBase | dict | None = None) -> None:
         """Send new weights to every remote collector (loaded before its next batch).
@@ -402,6 +339,11 @@ class RayCollector:
         Batches already requested (prefetched) keep the weights they started with.
         """
         self._check_open()
+        self._background.raise_error()
+        with self._weights_lock:
+            self._update_weights(weights)
+
+    def _update_weights(self, weights: TensorDictBase | dict | None) -> None:
         self._push_owed = False
         if weights is None:
             if not isinstance(self.policy, nn.Module):
@@ -450,19 +392,20 @@ class RayCollector:
 
     def _submit(self, w: _Worker) -> None:
         interval = self.max_weight_update_interval
-        if interval > -1 and w.since_update > interval and w.version >= self._version:
-            self.update_policy_weights_()  # the local policy's current weights
-        weights = None
-        if w.version < self._version and self._weights_ref is not None:
-            weights = self._weights_ref
-            w.version, w.since_update = self._version, 0
+        with self._weights_lock:
+            if interval > -1 and w.since_update > interval and w.version >= self._version:
+                self._update_weights(None)  # the local policy's current weights
+            weights = None
+            if w.version < self._version and self._weights_ref is not None:
+                weights = self._weights_ref
+                w.version, w.since_update = self._version, 0
         w.pending = w.handle.collect.remote(weights, w.version)
         w.pending_since = time.monotonic()
         w.requested += 1
 
     def _maybe_submit(self, w: _Worker) -> None:
         # at most one batch in flight per worker, and none while it has 2 batches waiting
-        idle = w.pending is None and not self._hold_prefetch and len(w.queue) <= 1
+        idle = w.active and w.pending is None and not self._hold_prefetch and len(w.queue) <= 1
         if idle and not (self.update_after_each_batch and w.queue) and self._needed(w):
             self._submit(w)
 
@@ -572,8 +515,20 @@ class RayCollector:
         if self._resources.closed:
             raise RuntimeError("RayCollector: used after shutdown(); build a new one.")
 
-    def __iter__(self) -> Iterator[TensorDictBase]:
+    def _check_idle(self, what: str) -> None:
+        """Refuse ``what`` while :meth:`start`'s thread collects (it drives the workers)."""
+        self._background.raise_error()
+        if self._background.is_alive():
+            raise RuntimeError(
+                f"{type(self).__name__}: {what} while the background thread (start()) "
+                f"collects: both would drive the remote collectors. Fix: "
+                f"async_shutdown(close_env=False) first (it stops the thread after its batch "
+                f"and keeps the collector usable); sample the data from the replay buffer."
+            )
         self._check_open()
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        self._check_idle("iterating")
         return self._iterate()
 
     def _iterate(self) -> Iterator[TensorDictBase]:
@@ -619,6 +574,7 @@ class RayCollector:
         workers = self._workers
         while not self._done():
             self._check_open()
+            self._admit()  # remote collectors that Ray placed late
             self._poll()
             for w in workers:
                 self._maybe_submit(w)
@@ -641,148 +597,145 @@ class RayCollector:
         return math.ceil(self.total_frames / self.frames_per_batch)
 
     # --- seeding and state -------------------------------------------------------------------
-    def _call_all(self, method: str, args: Callable[[_Worker], tuple]) -> list[Any]:
+    def _call_all(
+        self, method: str, args: Callable[[_Worker], tuple], only: list[bool] | None = None
+    ) -> list[Any]:
         """Call ``method(*args(w))`` on every actor ``w`` (after its batch in flight, if
         any); an actor that fails is handled by :meth:`_fault`, and its replacement (set up
-        with the current weights and seed) is called in turn."""
-        refs = [getattr(w.handle, method).remote(*args(w)) for w in self._workers]
+        with the current weights and seed) is called in turn. A remote collector that is
+        not active (not started yet), or not chosen by ``only``, gives ``None``."""
+        chosen = only if only is not None else [True] * len(self._workers)
+        refs = [
+            getattr(w.handle, method).remote(*args(w)) if w.active and c else None
+            for w, c in zip(self._workers, chosen, strict=True)
+        ]
         out = []
-        for w, ref in zip(self._workers, refs, strict=True):
+        for w, ref, c in zip(self._workers, refs, chosen, strict=True):
             budget = self.timeout + (self.timeout if w.pending is not None else 0.0)
             while True:
+                if not (w.active and c):  # not started yet (or not asked): None
+                    out.append(None)
+                    break
                 try:
                     out.append(self._get(ref, budget))
                     break
                 except ray.exceptions.RayError as err:
                     self._fault(w, f"failed in {method}().", _remote_text(err))  # or raises
-                    ref, budget = getattr(w.handle, method).remote(*args(w)), self.timeout
+                    if w.active:
+                        ref = getattr(w.handle, method).remote(*args(w))
+                    budget = self.timeout
         return out
 
     def set_seed(self, seed: int) -> int:
         """Seed remote collector ``i`` (slot ``i``) with ``seed + i * SEED_STRIDE`` (its env
         and its process's torch RNG); a replacement in slot ``s`` gets ``seed + s *
         SEED_STRIDE``. Returns ``seed``. Applies from the envs' next reset."""
-        self._check_open()
+        self._check_idle("set_seed()")
         self._seed = int(seed)
         self._call_all("set_seed", lambda w: (self._seed + w.slot * SEED_STRIDE,))
         return seed
 
-    def state_dict(self) -> dict[str, Any]:
-        """Everything a fresh RayCollector of the same shape needs to go on from here.
+    # --- background collection ------------------------------------------------------------
+    def start(self) -> None:
+        """Collect in a background thread: the remote collectors write every batch into
+        ``replay_buffer`` themselves while the caller samples from it and trains.
 
-        Holds the counters (frames, policy version, restarts), the current weights, the
-        slots and trajectory-id stride, the seed, every remote collector's
-        ``Collector.state_dict()`` with its weights version, and the batches already
-        collected but not yet yielded (batches in flight are waited for first), so nothing
-        is lost. Where a remote collector's env holds its whole state in tensors (recurrl's
-        batched torch envs), its entry also holds that state (``"simulator_tensors"``) and
-        its process's torch RNG state (``"rng"``). Only tensors and plain Python data:
-        ``torch.load(..., weights_only=True)`` reads it back.
+        The thread drives the collection as iterating does (requests, prefetch, weights,
+        replacement of failed remote collectors) and drops the summaries; it stops after
+        ``total_frames`` or at :meth:`async_shutdown`. A no-op while it runs. The machinery
+        is :class:`~recurrl.collectors.Collector`'s (:meth:`Collector.start
+        <recurrl.collectors.Collector.start>`): a daemon thread, stopped after its batch by
+        an exit hook if the program ends first.
+
+        **Weights.** :meth:`update_policy_weights_` may be called while it runs: the
+        remote collectors get the new weights with their next request (with
+        ``update_after_each_batch``, the thread pushes the local policy's weights itself
+        after every batch).
+
+        **Errors.** A failure the collector does not recover from (a remote collector
+        failing past ``max_restarts``, a batch that cannot be written) ends the thread and
+        shuts everything down; the exception is raised again, once, in the caller: by
+        :meth:`async_shutdown` / :meth:`shutdown`, or before that by the next of
+        :meth:`is_running`, :meth:`update_policy_weights_`, :meth:`start`, iteration,
+        :meth:`set_seed`, :meth:`state_dict` or :meth:`load_state_dict`. While the thread
+        runs, iteration, :meth:`set_seed`, :meth:`state_dict` and :meth:`load_state_dict`
+        are refused (both would drive the remote collectors).
+
+        Raises:
+            RuntimeError: no ``replay_buffer`` was given, or the collector was shut down.
+
+        Examples:
+            >>> import functools, time
+            >>> from recurrl.data import LazyTensorStorage, RayReplayBuffer
+            >>> from recurrl.testing import CountingEnv
+            >>> rb = RayReplayBuffer(storage=LazyTensorStorage(100))  # doctest: +SKIP
+            >>> collector = RayCollector(  # doctest: +SKIP
+            ...     functools.partial(CountingEnv, batch_size=(2,), max_steps=3),
+            ...     frames_per_batch=8, total_frames=32, sync=False, replay_buffer=rb)
+            >>> collector.start()  # doctest: +SKIP
+            >>> while collector.is_running():  # doctest: +SKIP
+            ...     time.sleep(0.01)
+            >>> collector.async_shutdown()  # doctest: +SKIP
+            >>> rb.write_count  # doctest: +SKIP
+            32
         """
         self._check_open()
-        self._hold_prefetch = True
-        try:
-            for w in self._workers:
-                while w.pending is not None:
-                    self._wait_some([w])
-            states = self._call_all("state", lambda w: ())
-        finally:
-            self._hold_prefetch = False
-        weights = None if self._weights_ref is None else to_plain(ray.get(self._weights_ref))
-        return {
-            "format": _STATE_FORMAT,
-            "num_collectors": self.num_collectors,
-            "frames_per_batch": self.frames_per_batch,
-            "sync": self.sync,
-            "frames": self.frames,
-            "batches_yielded": self._yielded,
-            "policy_version": self._version,
-            "push_owed": self._push_owed,
-            "weights": weights,
-            "stride": self._stride,
-            "next_slot": self._next_slot,
-            "restarts": self._restarts,
-            "seed": self._seed,
-            "workers": [
-                {
-                    "slot": w.slot,
-                    "version": w.version,
-                    "since_update": w.since_update,
-                    "requested": w.requested,
-                    "collector": state["collector"],
-                    **{k: state[k] for k in ("simulator_tensors", "rng") if k in state},
-                    "batches": [[seq, to_plain(as_tensordict(td))] for seq, td in w.queue],
-                }
-                for w, state in zip(self._workers, states, strict=True)
-            ],
-        }
+        self._background.raise_error()
+        if self.replay_buffer is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.start: background collection writes into a replay "
+                f"buffer, and this collector has none. Fix: pass replay_buffer="
+                f"recurrl.data.RayReplayBuffer(...), then sample from it while the thread "
+                f"collects (or iterate over the collector instead)."
+            )
+        if self._background.is_alive():
+            return
+        batches = self._iterate()
+        self._background.start(lambda: next(batches, None), self._done)
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Go on from :meth:`state_dict` of a RayCollector of the same shape.
+    def is_running(self) -> bool:
+        """Whether :meth:`start`'s thread is collecting (``False`` once it finished
+        ``total_frames`` or was stopped). Raises the thread's error if it failed (once)."""
+        self._background.raise_error()
+        return self._background.is_alive()
 
-        The saved collectors' trajectory-id layout, id counters, weights versions and
-        not-yet-yielded batches are restored (those batches are yielded first). Each
-        remote ``Collector`` is restored with ``Collector.load_state_dict``: the carried
-        root (hidden states and the trajectories in progress) comes back with the env's
-        state: its saved ``"simulator_tensors"`` (recurrl's batched torch envs, restored
-        with the process's RNG state: the episodes and random draws go on exactly) or the
-        env's ``state_dict()``; otherwise the envs start new episodes, with ids that go on
-        from the saved counters. The local ``policy`` is not touched (restore it yourself);
-        the saved weights are sent to the remote collectors. With
-        ``update_after_each_batch``, a state saved between a yielded batch and the request
-        of the next one still owes the push of the weights learned from that batch: the
-        next iteration pushes the local policy's weights first (restore the policy before
-        iterating), so the next batch is collected with them, as without the interruption.
+    def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
+        """Stop :meth:`start`'s thread after its current batch, then :meth:`shutdown`.
+
+        Idempotent, and safe without :meth:`start` (then it is :meth:`shutdown`).
+
+        Args:
+            timeout: seconds to wait for the thread to finish its batch (``None``: as long
+                as it takes). If it has not by then, ``TimeoutError`` is raised and nothing
+                is shut down; call again to finish.
+            close_env: ``True``: :meth:`shutdown` (every actor killed; Ray stopped if this
+                collector started it). ``False``: only stop the thread; the collector stays
+                usable (iterate, or :meth:`start` again).
+
+        Raises:
+            Exception: the one the thread raised, if it failed and that was not reported
+                yet (after everything was shut down).
         """
-        self._check_open()
-        for key in ("num_collectors", "frames_per_batch", "sync"):
-            if state_dict[key] != getattr(self, key):
-                raise ValueError(
-                    f"RayCollector.load_state_dict: the state dict was saved with {key}="
-                    f"{state_dict[key]!r}, this collector has {key}={getattr(self, key)!r}. Fix: "
-                    f"build the RayCollector with the same {key}."
-                )
-        self._hold_prefetch = True
-        try:
-            for w in self._workers:
-                w.pending = None  # a batch in flight belongs to the state being replaced
-            saved = state_dict["workers"]
-            self._call_all("load_state", lambda w: (saved[w.index],))
-        finally:
-            self._hold_prefetch = False
-        self.frames = int(state_dict["frames"])
-        self._yielded = int(state_dict["batches_yielded"])
-        self._version = int(state_dict["policy_version"])
-        self._push_owed = bool(state_dict.get("push_owed", False))
-        weights = state_dict.get("weights")
-        self._weights_ref = None if weights is None else ray.put(from_plain(weights))
-        self._stride = int(state_dict["stride"])
-        self._next_slot = int(state_dict["next_slot"])
-        self._restarts = int(state_dict["restarts"])
-        self._seed = state_dict.get("seed")
-        self._seq = itertools.count()
-        batches = sorted(
-            (int(seq), i, from_plain(td))
-            for i, s in enumerate(state_dict["workers"])
-            for seq, td in s["batches"]
-        )
-        for w, s in zip(self._workers, state_dict["workers"], strict=True):
-            w.slot = int(s["slot"])
-            w.version = int(s["version"])
-            w.since_update = int(s["since_update"])
-            w.queue.clear()
-        for _seq, i, td in batches:
-            self._workers[i].queue.append((next(self._seq), td))
-        for w in self._workers:
-            w.requested = (self._yielded if self.sync else 0) + len(w.queue)
+        self._background.stop(timeout)
+        if close_env:
+            self.shutdown()
+        else:
+            self._background.raise_error()
 
     # --- shutdown ------------------------------------------------------------------------
     def shutdown(self) -> None:
         """Kill every actor this collector created and shut Ray down if (and only if) this
-        collector started it. Idempotent; also runs when iterating raises, and at exit."""
+        collector started it. Idempotent; also runs when iterating raises, and at exit.
+        A background thread (:meth:`start`) is stopped first (after its current batch), and
+        an error it raised that was not reported yet is raised after the shutdown."""
+        in_thread = self._background.in_thread()  # iterating in start()'s thread raised
+        if not in_thread:
+            self._background.stop(None)
         for w in self._workers:
             w.pending = None
         self._resources.close()
+        if not in_thread:
+            self._background.raise_error()
 
     def __enter__(self) -> RayCollector:
         return self

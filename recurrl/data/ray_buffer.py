@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
 import re
+import uuid
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,7 +34,9 @@ from recurrl.data.samplers.base import Sampler
 from recurrl.data.storages.base import Storage
 from recurrl.data.writers import Writer
 
-__all__ = ["RayReplayBuffer"]
+__all__ = ["BufferActorDiedError", "RayReplayBuffer"]
+
+logger = logging.getLogger(__name__)
 
 MISSING_RAY = (
     "recurrl.data.RayReplayBuffer needs Ray, which is not installed; fix: "
@@ -82,8 +86,23 @@ class RayReplayBuffer:
     **Errors.** An exception raised in the actor reaches the caller with its own type
     (``ValueError`` for a batch of the wrong keys, ``RuntimeError`` for sampling an empty
     buffer, ...), its message followed by the remote traceback. A dead actor raises
-    ``RuntimeError`` naming the buffer; a call not answered within ``timeout`` seconds
-    raises ``TimeoutError`` (the call may still complete in the actor).
+    ``RuntimeError`` naming the buffer (:class:`BufferActorDiedError` when its process or
+    node died rather than its owner shutting it down); a call not answered within
+    ``timeout`` seconds raises ``TimeoutError`` (the call may still complete in the actor).
+
+    **A dead actor is rebuilt** (``max_restarts > 0``). When a call of the *owner* finds the
+    actor dead (its process was killed, its node went away), the owner builds a new actor
+    with the same arguments (``seed`` included), loads into it what ``restore()`` returns
+    (e.g. the replay contents of the last checkpoint; ``None``: the new buffer starts empty),
+    logs one warning line, and makes the call again there; :attr:`restarts` counts the
+    rebuilds and :attr:`faults` holds Ray's full account of each death. Everything written
+    since the restored state was taken is lost. Only the owner rebuilds: a *handle*
+    (remote writers) that finds the actor dead looks up the actor its owner rebuilt (each
+    generation is a named actor, ``remote_config["name"]`` or a generated name, then
+    ``<name>.1``, ``<name>.2`` ...) and makes its call there; while the owner has not
+    rebuilt it yet (the owner rebuilds at its next call), the handle raises
+    :class:`BufferActorDiedError`. Once ``max_restarts`` rebuilds were used, the next
+    death raises it at the owner too.
 
     Args:
         storage: where steps live, e.g. ``LazyTensorStorage(1_000_000)``.
@@ -99,6 +118,12 @@ class RayReplayBuffer:
         ray_init_config: ``ray.init`` arguments, used only if Ray is not initialized.
         remote_config: actor options (``num_cpus``, ``resources``, ``name``, ...).
         timeout: seconds to wait for each call to the actor (> 0).
+        max_restarts: how many times the owner may rebuild a dead actor (default 0: the
+            first death raises :class:`BufferActorDiedError`).
+        restore: called by the owner at each rebuild (no arguments); returns a
+            :meth:`state_dict` (e.g. the replay contents saved in the last checkpoint) to
+            load into the new actor before anyone else reaches it, or ``None`` to start
+            empty. An exception it raises is logged and the buffer starts empty.
 
     Examples:
         >>> import torch
@@ -139,6 +164,8 @@ class RayReplayBuffer:
         ray_init_config: dict[str, Any] | None = None,
         remote_config: dict[str, Any] | None = None,
         timeout: float = 300.0,
+        max_restarts: int = 0,
+        restore: Callable[[], dict | None] | None = None,
     ) -> None:
         name = type(self).__name__
         if ray is None:
@@ -156,28 +183,58 @@ class RayReplayBuffer:
                 )
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise TypeError(f"{name}: expected seed to be an int or None, received {seed!r}.")
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+            raise ValueError(
+                f"{name}: expected max_restarts to be an int >= 0, received {max_restarts!r}; "
+                "fix: e.g. max_restarts=3 (0: a dead actor is not rebuilt)."
+            )
+        if restore is not None and not callable(restore):
+            raise TypeError(
+                f"{name}: expected restore to be a callable returning a state_dict() or None, "
+                f"received {type(restore).__name__}; fix: e.g. restore=lambda: saved_state."
+            )
         kwargs = {"storage": storage, "sampler": sampler, "writer": writer,
                   "batch_size": batch_size, "collate_fn": collate_fn}  # fmt: skip
         # The local constructor's checks (storage type, slice shape ...), before any actor.
         TensorDictReplayBuffer(**kwargs)
         self.batch_size, self.transform, self.timeout = batch_size, transform, float(timeout)
-        self._owner, self._actor = True, None
+        self.max_restarts, self._restore = max_restarts, restore
+        #: Ray's account of each death of the actor that the owner rebuilt it after
+        self.faults: list[str] = []
+        self._restarts = 0
+        self._owner, self._actor, self._generation = True, None, 0
         self._started_ray = False
         if not ray.is_initialized():
             ray.init(**_init_kwargs(ray_init_config))
             self._started_ray = True
         options = {"num_cpus": 0, "max_concurrency": 1, **(remote_config or {})}
-        actor = _remote_actor_class().options(**options).remote()
-        self._actor = actor
-        self._label = f"{name}(actor {_actor_id(actor)})"
+        # every generation of the actor is named, so that handles find the rebuilt one
+        self._name = str(options.pop("name", None) or f"recurrl-replay-{uuid.uuid4().hex[:12]}")
+        self._namespace = options.get("namespace") or ray.get_runtime_context().namespace
+        self._options, self._build_args = options, (kwargs, seed)
+        self._box = _ActorBox()
         # Kills the actor (and stops the Ray this buffer started) when the owner is
         # collected or at interpreter exit, if shutdown() was not called.
-        self._finalizer = weakref.finalize(self, _release, actor, self._started_ray)
+        self._finalizer = weakref.finalize(self, _release, self._box, self._started_ray)
         try:
-            self._call("build", kwargs, seed)
+            self._set_actor(self._new_actor(), 0)
+            try:
+                self._invoke("build", kwargs, seed, None)
+            except _ActorLost as lost:
+                raise self._lost("build", lost.why) from None
         except BaseException:
             self.shutdown()
             raise
+
+    def _new_actor(self) -> Any:
+        name = _generation_name(self._name, self._generation)
+        return _remote_actor_class().options(**self._options, name=name).remote()
+
+    def _set_actor(self, actor: Any, generation: int) -> None:
+        self._actor, self._generation = actor, generation
+        self._label = f"{type(self).__name__}(actor {_actor_id(actor)})"
+        if self._owner:
+            self._box.actor = actor
 
     # -- calls to the actor --------------------------------------------------------------
     def _call(self, method: str, *args: Any) -> Any:
@@ -186,11 +243,24 @@ class RayReplayBuffer:
                 f"{self._label}.{method}: this buffer was shut down; fix: call it before "
                 "shutdown(), or build a new RayReplayBuffer."
             )
+        while True:
+            try:
+                return self._invoke(method, *args)
+            except _ActorLost as lost:
+                # the owner rebuilds the actor; a handle moves to the one its owner rebuilt
+                recovered = self._rebuild(lost.why) if self._owner else self._find_rebuilt()
+                if not recovered:
+                    raise self._lost(method, lost.why) from None
+
+    def _invoke(self, method: str, *args: Any) -> Any:
+        """One call to the current actor; a dead or not yet built actor is ``_ActorLost``."""
         try:
             return ray.get(getattr(self._actor, method).remote(*args), timeout=self.timeout)
         except RayTaskError as err:
             if isinstance(err.cause, _ActorClosedError):  # the owner's shutdown got there first
                 raise self._dead(method, "its owner shut it down") from None
+            if isinstance(err.cause, _ActorNotReadyError):  # a rebuilt one, still being filled
+                raise _ActorLost("its rebuilt actor is still being set up") from None
             raise _local_error(err, f"{self._label}.{method}") from None
         except GetTimeoutError as err:
             raise TimeoutError(
@@ -200,7 +270,90 @@ class RayReplayBuffer:
                 "look at the actor's logs."
             ) from err
         except RayActorError as err:
-            raise self._dead(method, f"Ray said: {err}") from err
+            raise _ActorLost(f"Ray said: {err}") from None
+
+    def _rebuild(self, why: str) -> bool:
+        """The owner: replace the dead actor by a new one (same arguments, restored state)."""
+        if self._restarts >= self.max_restarts:
+            return False
+        self._restarts += 1
+        old = self._label
+        with contextlib.suppress(Exception):  # dead already; make sure it stays so
+            ray.kill(self._actor, no_restart=True)
+        self._generation += 1
+        self._set_actor(self._new_actor(), self._generation)
+        state, source = self._restored_state()
+        kwargs, seed = self._build_args
+        try:
+            try:
+                self._invoke("build", kwargs, seed, state)
+            except _ActorLost:
+                raise
+            except Exception as err:  # saved contents that do not fit: start empty instead
+                if state is None:
+                    raise
+                state, source = None, f"the saved contents did not load: {_first_line(err)}"
+                self._invoke("build", kwargs, seed, None)
+            steps = self._invoke("length")
+        except _ActorLost:
+            return self._rebuild(why)  # died again at once: another restart, if any left
+        filled = (
+            f"refilled with {steps} steps from {source}; what was written since is lost"
+            if state is not None
+            else f"it starts empty ({source}): its contents are lost"
+        )
+        message = (
+            f"{old}: the buffer's actor died ({_first_line(why)}); rebuilt as {self._label} "
+            f"(restart {self._restarts} of {self.max_restarts}), {filled}."
+        )
+        self.faults.append(f"{message}\n{why}")
+        logger.warning("%s", message)
+        return True
+
+    def _restored_state(self) -> tuple[dict | None, str]:
+        """What ``restore()`` gives, and a few words on where it came from."""
+        if self._restore is None:
+            return None, "no restore() was given"
+        try:
+            state = self._restore()
+        except Exception as err:  # a broken save must not end the run: start empty
+            return None, f"restore() failed: {_first_line(err)}"
+        if state is None:
+            return None, "no saved contents yet"
+        return state, "the saved contents (restore())"
+
+    def _find_rebuilt(self) -> bool:
+        """A handle: move to the newest generation of the actor its owner rebuilt, if any."""
+        found = None
+        generation = self._generation + 1
+        while True:
+            try:
+                actor = ray.get_actor(
+                    _generation_name(self._name, generation), namespace=self._namespace
+                )
+            except ValueError:  # no such actor (not rebuilt yet, or dead too)
+                break
+            found, generation = (actor, generation), generation + 1
+        if found is None:
+            return False
+        self._set_actor(found[0], found[1])
+        return True
+
+    def _lost(self, method: str, why: str) -> BufferActorDiedError:
+        if self._owner:
+            what = (
+                f"it has no restart left (max_restarts={self.max_restarts}, {self._restarts} used)"
+                if self.max_restarts
+                else "it is not rebuilt (max_restarts=0)"
+            )
+            fix = "pass max_restarts > 0 to rebuild it, or restore a new buffer from a save"
+        else:
+            what = "its owner has not rebuilt it (yet; or the owner shut it down)"
+            fix = "the owner rebuilds it at its next call if it has max_restarts left; retry then"
+        return BufferActorDiedError(
+            f"{self._label}.{method}: the buffer's actor is dead (its process or node died) "
+            f"and {what}; its data is lost ({why}). Fix: {fix}."
+        )
 
     def _dead(self, method: str, why: str) -> RuntimeError:
         return RuntimeError(
@@ -310,6 +463,11 @@ class RayReplayBuffer:
             self._finalizer()
 
     @property
+    def restarts(self) -> int:
+        """How many times the owner rebuilt a dead actor (0 for a handle)."""
+        return self._restarts
+
+    @property
     def is_owner(self) -> bool:
         """Whether this object created the actor (and kills it at :meth:`shutdown`)."""
         return self._owner
@@ -321,13 +479,17 @@ class RayReplayBuffer:
                 "buffer to tasks/actors while it is running."
             )
         return {"actor": self._actor, "label": self._label, "batch_size": self.batch_size,
-                "transform": self.transform, "timeout": self.timeout}  # fmt: skip
+                "transform": self.transform, "timeout": self.timeout, "name": self._name,
+                "namespace": self._namespace, "generation": self._generation}  # fmt: skip
 
     def __setstate__(self, state: dict) -> None:
         self._actor, self._label = state["actor"], state["label"]
         self.batch_size, self.transform = state["batch_size"], state["transform"]
         self.timeout = state["timeout"]
+        self._name, self._namespace = state["name"], state["namespace"]
+        self._generation = state["generation"]
         self._owner, self._started_ray, self._finalizer = False, False, None
+        self.max_restarts, self._restarts, self._restore, self.faults = 0, 0, None, []
 
     def __repr__(self) -> str:
         role = "owner" if self._owner else "handle"
@@ -346,23 +508,29 @@ class _BufferActor:
     def buffer(self) -> TensorDictReplayBuffer:
         """The buffer; once :meth:`close` ran (the owner's shutdown, just before the kill),
         every call raises :class:`_ActorClosedError`, which the caller reports as a dead
-        actor, instead of failing on a missing buffer in the moments before the kill lands."""
+        actor, instead of failing on a missing buffer in the moments before the kill lands.
+        Before :meth:`build` finished (a rebuilt actor that a handle found by its name
+        first), calls raise :class:`_ActorNotReadyError`."""
         if self._closed:
             raise _ActorClosedError("the buffer's actor was closed by its owner's shutdown()")
+        if self._buffer is None:
+            raise _ActorNotReadyError("the buffer's actor is not built yet")
         return self._buffer
 
-    def build(self, kwargs: dict, seed: int | None) -> None:
-        self._buffer = TensorDictReplayBuffer(**kwargs)
+    def build(self, kwargs: dict, seed: int | None, state: dict | None) -> None:
+        """Build the buffer, seed it and load ``state`` (a rebuild's saved contents) before
+        any other call sees it (calls run one at a time here)."""
+        buffer = TensorDictReplayBuffer(**kwargs)
         if seed is None:
             torch.seed()  # the actor's global stream only: a sampler's own generator came seeded
         else:
-            self.set_seed(seed)
+            _seed_buffer(buffer, seed)
+        if state is not None:
+            buffer.load_state_dict(_from_plain(state))
+        self._buffer = buffer
 
     def set_seed(self, seed: int) -> None:
-        torch.manual_seed(seed)
-        generator = getattr(self.buffer.sampler, "generator", None)
-        if generator is not None:
-            generator.manual_seed(seed)
+        _seed_buffer(self.buffer, seed)
 
     def length(self) -> int:
         return len(self.buffer)
@@ -411,6 +579,31 @@ class _BufferActor:
 _REMOTE_CLASS = None
 
 
+def _seed_buffer(buffer: TensorDictReplayBuffer, seed: int) -> None:
+    torch.manual_seed(seed)
+    generator = getattr(buffer.sampler, "generator", None)
+    if generator is not None:
+        generator.manual_seed(seed)
+
+
+def _first_line(what: Any) -> str:
+    """The first line of an error (with its type) or of a text: one line in the log."""
+    text = f"{type(what).__name__}: {what}" if isinstance(what, BaseException) else str(what)
+    lines = text.strip().splitlines()
+    return lines[0] if lines else text
+
+
+def _generation_name(name: str, generation: int) -> str:
+    """The Ray name of the actor's ``generation``-th build (0: the first)."""
+    return name if generation == 0 else f"{name}.{generation}"
+
+
+class _ActorBox:
+    """The owner's current actor, read by the finalizer (rebuilds replace it)."""
+
+    actor: Any = None
+
+
 def _remote_actor_class():
     """``ray.remote(_BufferActor)``, made once (Ray exports an actor class per call)."""
     global _REMOTE_CLASS
@@ -429,10 +622,11 @@ def _init_kwargs(config: dict[str, Any] | None) -> dict[str, Any]:
     return kwargs
 
 
-def _release(actor, started_ray: bool) -> None:
+def _release(box: _ActorBox, started_ray: bool) -> None:
     """Kill the actor; stop Ray if the owner started it. Never raises (runs at exit)."""
+    actor, box.actor = box.actor, None
     try:
-        if ray.is_initialized():
+        if actor is not None and ray.is_initialized():
             # Let the storage remove its scratch files (a killed process cannot); a dead,
             # stuck or busy actor is killed all the same.
             with contextlib.suppress(Exception):
@@ -472,6 +666,24 @@ def _local_error(err: RayTaskError, where: str) -> BaseException:
 
 class _ActorClosedError(RuntimeError):
     """Raised in the buffer's actor by a call that arrives after its owner closed it."""
+
+
+class _ActorNotReadyError(RuntimeError):
+    """Raised in the buffer's actor by a call that arrives before :meth:`_BufferActor.build`."""
+
+
+class _ActorLost(Exception):
+    """The caller's side: the current actor is dead or not built yet (``why``)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+class BufferActorDiedError(RuntimeError):
+    """The actor of a :class:`RayReplayBuffer` died (its process or node) and the buffer
+    has no working one: the owner used its ``max_restarts``, or a handle found no actor
+    rebuilt by its owner (yet). A remote writer may drop its batch and try again later."""
 
 
 class RemoteKeyError(KeyError):

@@ -482,8 +482,8 @@ def _restore_remote(collector: Any, saved: dict[str, Any], path: Path) -> None:
         stacklevel=5,
     )
     saved = dict(saved)
-    saved["workers"] = [
-        {**worker, "collector": {**worker["collector"], "root": None}}
+    saved["workers"] = [  # (a worker that had not started yet saved no collector)
+        {**worker, "collector": worker["collector"] and {**worker["collector"], "root": None}}
         for worker in saved["workers"]
     ]
     collector.load_state_dict(saved)

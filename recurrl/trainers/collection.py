@@ -97,7 +97,9 @@ def make_collector(
     copy of ``policy``; they are seeded ``cfg.run.seed + i * 1_000_003`` (distinct,
     reproducible). A worker that crashes or is killed is replaced up to
     ``cfg.run.max_restarts`` times per run (at most ``cfg.run.max_restarts_per_minute`` a
-    minute); its replacement starts new episodes. With ``replay_buffer`` (a
+    minute); its replacement starts new episodes. With ``replay_buffer`` the collection is
+    asynchronous and elastic: workers not started after ``cfg.run.placement_timeout_s`` seconds
+    join when Ray places them, the others collect meanwhile. With ``replay_buffer`` (a
     :class:`~recurrl.data.RayReplayBuffer`) the workers write their batches there,
     asynchronously; otherwise batches are gathered from every worker and the weights are sent
     after every batch (each batch is collected with the weights of the moment the previous
@@ -143,23 +145,31 @@ def make_collector(
         collector_kwargs=per_worker,
         max_restarts=cfg.run.max_restarts,
         max_restarts_per_minute=cfg.run.max_restarts_per_minute,
+        placement_timeout=cfg.run.placement_timeout_s,
     )
     collector.set_seed(cfg.run.seed)
     return collector
 
 
-def make_replay_buffer(cfg: TrainConfig, **kwargs: Any) -> Any:
+def make_replay_buffer(cfg: TrainConfig, *, restore: Any = None, **kwargs: Any) -> Any:
     """A :class:`~recurrl.data.TensorDictReplayBuffer` (``local``) or, with ``--collector
     ray``, a :class:`~recurrl.data.RayReplayBuffer` in its own Ray actor (started with
     :func:`ray_init_config`), which the workers write to directly; ``kwargs`` (storage,
     sampler, batch_size, ...) are the same for both.
+
+    The Ray buffer rebuilds its actor when it dies, up to ``cfg.run.max_restarts`` times (a
+    budget of its own, apart from the workers'), refilled with what ``restore()`` returns
+    (e.g. the last checkpoint's contents; see :class:`~recurrl.data.RayReplayBuffer`).
     """
     if cfg.env.collector == "local":
         return TensorDictReplayBuffer(**kwargs)
     _require_ray()
     from recurrl.data import RayReplayBuffer
 
-    return RayReplayBuffer(**kwargs, ray_init_config=ray_init_config(cfg))
+    return RayReplayBuffer(
+        **kwargs, ray_init_config=ray_init_config(cfg), max_restarts=cfg.run.max_restarts,
+        restore=restore,
+    )  # fmt: skip
 
 
 def _require_ray() -> None:

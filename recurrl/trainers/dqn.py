@@ -83,6 +83,7 @@ from recurrl.data import (
 )
 from recurrl.functional import sequence_priority
 from recurrl.objectives import DQNLoss, HardUpdate, SoftUpdate
+from recurrl.trainers import checkpoint as ckpt
 from recurrl.trainers.collection import make_collector, make_replay_buffer
 from recurrl.trainers.config import TrainConfig
 from recurrl.trainers.encoders import observation_inputs
@@ -238,7 +239,11 @@ class DQNTrainer(Trainer):
             storage=LazyTensorStorage(d.buffer_size),
             sampler=make_sampler(d),
             batch_size=d.batch_steps,
+            restore=self._checkpointed_buffer,
         )
+        #: a Ray buffer was rebuilt and holds fewer steps than learning needs (see _step)
+        self.refilling = False
+        self._restarts_seen = 0  # the Ray buffer's rebuilds noticed so far
         self.collector = make_collector(
             cfg, self.env, acting, frames_per_batch=d.frames_per_batch,
             total_frames=d.frames, device=self.device,
@@ -281,6 +286,33 @@ class DQNTrainer(Trainer):
             "updater_counter": getattr(self.updater, "counter", 0),
             "normalized": self.normalized,
         }
+
+    def _checkpointed_buffer(self) -> dict[str, Any] | None:
+        """The replay contents of the run's last checkpoint (``None`` before the first): what
+        a rebuilt Ray buffer is refilled with."""
+        if not (self.run_dir / ckpt.CHECKPOINT).is_file():
+            return None
+        return ckpt.load(self.run_dir).get("extra", {}).get("buffer")
+
+    def _watch_replay(self) -> None:
+        """With a Ray buffer: ask it how many steps it holds (a call of the owner, which
+        rebuilds a dead actor) and keep :attr:`refilling` set after a rebuild until it holds
+        what the start of the run waited for: ``learning_starts`` steps (at least one batch,
+        at most the buffer's capacity)."""
+        stored = len(self.buffer)
+        self._replay_rebuilt()
+        d = self.cfg.dqn
+        if self.refilling and stored >= min(max(d.learning_starts, d.frames_per_batch),
+                                            d.buffer_size):  # fmt: skip
+            self.refilling = False
+
+    def _replay_rebuilt(self) -> bool:
+        """Whether the Ray buffer rebuilt its actor since the last time this was asked (by any
+        call of the learner: a sample, a checkpoint ...); if so, learning waits for the refill."""
+        if self.buffer.restarts == self._restarts_seen:
+            return False
+        self._restarts_seen, self.refilling = self.buffer.restarts, True
+        return True
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.buffer.load_state_dict(state["buffer"])
@@ -336,8 +368,12 @@ class DQNTrainer(Trainer):
                 group["lr"] = d.lr * (1.0 - done / d.frames)
         sums = {"loss": 0.0, "td_error": 0.0, "grad_norm": 0.0}
         beta = priority_beta_at(d, self.collector.frames - d.frames_per_batch)
+        done = 0
         for _ in range(d.updates_per_batch):
-            sample = self.buffer.sample().to(self.device)
+            sample = self._sample()
+            if sample is None:  # the Ray buffer was rebuilt: learning waits for its refill
+                break
+            sample = sample.to(self.device)
             if d.reward_scale != 1.0:
                 key = ("next", self.loss.tensor_keys.reward)
                 sample.set(key, sample.get(key) * d.reward_scale)
@@ -356,8 +392,25 @@ class DQNTrainer(Trainer):
                 self.update_priorities(sample)
             sums["loss"] += float(out["loss"].detach())
             sums["td_error"] += float(out["td_error"])
+            done += 1
+            if self.refilling:  # the buffer was rebuilt during the priority update
+                break
         self._sync_weights()
-        return {k: v / d.updates_per_batch for k, v in sums.items()}
+        return {k: v / done if done else math.nan for k, v in sums.items()}
+
+    def _sample(self) -> TensorDictBase | None:
+        """A replayed batch; ``None`` when a Ray buffer's actor died and was rebuilt during
+        the call (its contents went back to the last checkpoint or to nothing: the updates
+        of this batch stop and :attr:`refilling` decides when they resume)."""
+        if not self.remote:
+            return self.buffer.sample()
+        try:
+            sample = self.buffer.sample()
+        except RuntimeError:  # e.g. sampling the empty rebuilt buffer
+            if not self._replay_rebuilt():
+                raise
+            return None
+        return None if self._replay_rebuilt() else sample
 
     def update_priorities(self, sample: TensorDictBase) -> None:
         """Set the priority of every sequence (slice, or episode of a tape) of ``sample``
@@ -369,14 +422,25 @@ class DQNTrainer(Trainer):
             sample.get(k.priority), is_init, self.loss.loss_mask(sample),
             eta=self.cfg.dqn.priority_eta,
         )  # fmt: skip
-        self.buffer.update_priority(sample.get("index").reshape(-1)[first], priority)
+        index = sample.get("index").reshape(-1)[first]
+        if not self.remote:
+            self.buffer.update_priority(index, priority)
+            return
+        try:
+            self.buffer.update_priority(index, priority)
+        except (RuntimeError, IndexError, ValueError):
+            if not self._replay_rebuilt():  # (rebuilt: those positions hold other steps now)
+                raise
+        self._replay_rebuilt()
 
     def _step(self, batch: TensorDictBase) -> dict[str, Any]:
         """Store ``batch``, update if enough frames were collected; the metrics row."""
         returns = self.track_episodes(batch)
         if not self.remote:  # Ray workers wrote their batch into the buffer themselves
             self.buffer.extend(batch.exclude(*_NOT_STORED))
-        learning = self.collector.frames >= self.cfg.dqn.learning_starts
+        else:
+            self._watch_replay()
+        learning = self.collector.frames >= self.cfg.dqn.learning_starts and not self.refilling
         if learning and self.cfg.dqn.obs_norm and not self.normalized:
             self._fit_obs_norm()
         stats = self.update() if learning else dict.fromkeys(
@@ -384,7 +448,10 @@ class DQNTrainer(Trainer):
         if self.remote and not learning:
             self._sync_weights()  # epsilon decays during the warm-up too
         self.batches += 1
-        return {**self.episode_row(returns), **stats}
+        row = {**self.episode_row(returns), **stats}
+        if self.remote:
+            row["replay_restarts"] = self.buffer.restarts
+        return row
 
     # ------------------------------------------------------------------ the loop's hooks
     def start(self) -> None:

@@ -259,19 +259,26 @@ class Trainer:
 
     def _track_worker_restarts(self, row: dict[str, Any]) -> None:
         """``row["worker_restarts"]`` for a collector that replaces failed workers; their new
-        failures appended to ``run_dir/error.log``."""
+        failures (and those of a replay buffer that rebuilt its actor, ``buffer.faults``)
+        appended to ``run_dir/error.log``."""
         restarts = getattr(self.collector, "restarts", None)
-        if restarts is None:
+        if restarts is not None:
+            row["worker_restarts"] = restarts
+        self._log_faults(self.collector, "a Ray worker was replaced")
+        self._log_faults(getattr(self, "buffer", None), "the replay buffer's actor was rebuilt")
+
+    def _log_faults(self, source: Any, what: str) -> None:
+        """Append the entries of ``source.faults`` not written yet to ``run_dir/error.log``."""
+        faults = getattr(source, "faults", None)
+        if not isinstance(faults, list):
             return
-        row["worker_restarts"] = restarts
-        faults = getattr(self.collector, "faults", [])
-        written = getattr(self, "_faults_written", 0)
-        if len(faults) > written:
+        written = self.__dict__.setdefault("_faults_written", {})
+        if len(faults) > written.get(what, 0):
             with (self.run_dir / ERROR_LOG).open("a") as f:
-                for fault in faults[written:]:
-                    f.write(f"--- frame {self.collector.frames}: a Ray worker was replaced\n")
+                for fault in faults[written.get(what, 0) :]:
+                    f.write(f"--- frame {self.collector.frames}: {what}\n")
                     f.write(fault.rstrip() + "\n")
-            self._faults_written = len(faults)
+            written[what] = len(faults)
 
     def progress_line(self, row: dict[str, Any]) -> str:
         """The progress line of ``row``: ``frames 2000/50000 | 1900 fps | return 27.0 (last 20

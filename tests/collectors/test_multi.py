@@ -8,6 +8,7 @@ import functools
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -154,3 +155,93 @@ def test_ray_collector_refuses_a_replay_buffer_among_the_collector_kwargs():
     with pytest.raises(ValueError, match=r"may not set \['replay_buffer'\]"):
         RayCollector(make_env, frames_per_batch=8, collector_kwargs={"replay_buffer": rb})
     assert ray.is_initialized() == started
+
+
+# --- start() / async_shutdown(): collection in a background thread ----------------------------
+def _threads(cls) -> list:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == f"recurrl-{cls.__name__}"]
+
+
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+def test_start_fills_the_buffer_in_a_thread_with_whole_slices_and_leaves_nothing(
+    ray_session, fail_after, cls
+):
+    """While the thread collects, every sampled slice is contiguous, within one trajectory
+    and starts with ``is_init``; the thread stops at ``total_frames``; after
+    ``async_shutdown()`` no thread is left and the workers' actors are dead."""
+    from recurrl.data import RayReplayBuffer, SliceSampler
+    from tests.collectors.test_ray import dead
+
+    num_slices, slice_len = 4, 3
+    rb = RayReplayBuffer(storage=LazyTensorStorage(10 * 4 * T), timeout=60,
+                         sampler=SliceSampler(num_slices=num_slices),
+                         batch_size=num_slices * slice_len)  # fmt: skip
+    total = 12 * 4 * T
+    _, policy = make_policy()  # wires is_init and the hidden state in the workers' envs
+    with fail_after(180):
+        collector = cls([make_env, make_env], policy, frames_per_batch=4 * T,
+                        total_frames=total, replay_buffer=rb)  # fmt: skip
+        try:
+            handles = [w.handle for w in collector._workers]
+            collector.start()
+            collector.start()  # a no-op while it runs
+            assert len(_threads(cls)) == 1
+            with pytest.raises(RuntimeError, match=r"async_shutdown\(close_env=False\)"):
+                iter(collector)
+            while len(rb) < 4 * T:
+                time.sleep(0.05)
+            seen_counts, samples = set(), 0
+            while collector.is_running() or samples < 5:
+                seen_counts.add(rb.write_count)
+                data = rb.sample().reshape(num_slices, slice_len)
+                samples += 1
+                obs = data["observation"][..., 0]
+                assert (obs[:, 1:] == obs[:, :-1] + 1).all()  # contiguous steps
+                ids = data["collector", "traj_ids"]
+                assert (ids == ids[:, :1]).all()  # one trajectory per slice
+                is_init = data["is_init"].squeeze(-1)
+                assert is_init[:, 0].all() and not is_init[:, 1:].any()
+            collector.async_shutdown()
+            assert rb.write_count == total and collector.frames == total
+            assert len(seen_counts) > 1  # sampled while the thread was writing
+            assert not _threads(cls)
+            assert all(dead(h) for h in handles)
+            collector.async_shutdown()  # idempotent
+        finally:
+            collector.shutdown()
+            rb.shutdown()
+
+
+def test_a_thread_failure_is_raised_once_in_the_caller_and_start_needs_a_buffer(
+    ray_session, fail_after
+):
+    from recurrl.collectors import RemoteCollectorError
+    from recurrl.data import RayReplayBuffer
+    from tests.collectors.test_ray import FailingEnv
+
+    with fail_after(120):
+        collector = MultiAsyncCollector([make_env], frames_per_batch=2 * T, total_frames=4 * T)
+        try:
+            with pytest.raises(RuntimeError, match=r"has none\. Fix: pass replay_buffer="):
+                collector.start()
+        finally:
+            collector.shutdown()
+        rb = RayReplayBuffer(storage=LazyTensorStorage(100), timeout=60)
+        failing = functools.partial(FailingEnv, "raise", 6, batch_size=(2,))
+        collector = MultiAsyncCollector([failing], frames_per_batch=2 * T, total_frames=-1,
+                                        replay_buffer=rb)  # fmt: skip
+        try:
+            collector.start()
+            while _threads(MultiAsyncCollector):
+                time.sleep(0.05)
+            with pytest.raises(RemoteCollectorError, match="broken at step 6") as info:
+                collector.is_running()
+            notes = "".join(getattr(info.value, "__notes__", ["background thread"]))
+            assert "background thread" in notes
+            assert collector.is_running() is False  # raised once
+            collector.async_shutdown()  # already reported: no second raise
+        finally:
+            collector.shutdown()
+            rb.shutdown()

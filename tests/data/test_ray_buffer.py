@@ -460,3 +460,115 @@ def test_a_sampler_generator_reaches_the_actor_as_built_without_a_seed(ray_sessi
         assert torch.equal(remote.sample()["x"], local.sample()["x"])
     finally:
         remote.shutdown()
+
+
+# -- a dead actor is rebuilt ------------------------------------------------------------
+def _kill(ray, buffer) -> None:
+    """Kill the buffer's actor by its handle and wait until Ray reports it dead."""
+    actor = buffer._actor
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.length.remote(), timeout=30)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.1)
+    raise AssertionError("the killed actor still answers")
+
+
+def test_the_owner_rebuilds_a_dead_actor_from_the_restored_state(ray_session, caplog):
+    """The owner's next call after the kill builds a new actor, loads what ``restore()``
+    returns (4 steps saved; the 3 written after are lost), logs one line and answers; a
+    handle made before the kill finds the new actor; the budget ends with a clear error."""
+    from recurrl.data import RayReplayBuffer
+    from recurrl.data.ray_buffer import BufferActorDiedError
+
+    saved: dict = {}
+    rb = RayReplayBuffer(storage=LazyTensorStorage(10), batch_size=2, timeout=60, seed=SEED,
+                         max_restarts=1, restore=lambda: saved.get("state"))  # fmt: skip
+    try:
+        rb.extend(TensorDict({"x": torch.arange(4)}, [4]))
+        saved["state"] = rb.state_dict()
+        rb.extend(TensorDict({"x": torch.arange(3)}, [3]))
+        handle = pickle.loads(pickle.dumps(rb))
+        old = repr(rb)
+        _kill(ray_session, rb)
+        with caplog.at_level("WARNING", logger="recurrl.data.ray_buffer"):
+            assert len(rb) == 4 and rb.restarts == 1
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 1 and "\n" not in lines[0], lines
+        assert "rebuilt as" in lines[0] and "(restart 1 of 1)" in lines[0]
+        assert "refilled with 4 steps" in lines[0] and "written since is lost" in lines[0]
+        assert repr(rb) != old and len(rb.faults) == 1 and "killed" in rb.faults[0]
+        assert torch.equal(handle.extend(TensorDict({"x": torch.arange(2)}, [2])),
+                           torch.tensor([4, 5]))  # fmt: skip
+        assert len(rb) == 6 and handle.restarts == 0  # the handle moved, it rebuilt nothing
+        _kill(ray_session, rb)
+        with pytest.raises(BufferActorDiedError, match=r"no restart left \(max_restarts=1"):
+            rb.sample()
+    finally:
+        rb.shutdown()
+
+
+def test_a_handle_never_rebuilds_and_an_owner_without_restore_starts_empty(ray_session, caplog):
+    from recurrl.data import RayReplayBuffer
+    from recurrl.data.ray_buffer import BufferActorDiedError
+
+    rb = RayReplayBuffer(storage=LazyTensorStorage(10), timeout=60, max_restarts=2)
+    try:
+        rb.extend(TensorDict({"x": torch.arange(4)}, [4]))
+        handle = pickle.loads(pickle.dumps(rb))
+        _kill(ray_session, rb)
+        with pytest.raises(BufferActorDiedError, match="owner has not rebuilt it"):
+            handle.extend(TensorDict({"x": torch.arange(2)}, [2]))
+        assert rb.restarts == 0  # nothing was rebuilt by the handle
+        with caplog.at_level("WARNING", logger="recurrl.data.ray_buffer"):
+            assert len(rb) == 0 and rb.restarts == 1
+        assert "it starts empty (no restore() was given)" in caplog.records[-1].getMessage()
+        handle.extend(TensorDict({"x": torch.arange(2)}, [2]))
+        assert len(rb) == 2
+    finally:
+        rb.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        len(rb)
+
+
+def test_rebuild_options_are_checked(ray_session):
+    from recurrl.data import RayReplayBuffer
+
+    with pytest.raises(ValueError, match="max_restarts to be an int >= 0"):
+        RayReplayBuffer(storage=LazyTensorStorage(10), max_restarts=-1)
+    with pytest.raises(TypeError, match="restore to be a callable"):
+        RayReplayBuffer(storage=LazyTensorStorage(10), restore={"storage": None})
+
+
+def test_saved_contents_that_do_not_load_leave_the_rebuilt_buffer_empty(ray_session, caplog):
+    """A ``restore()`` whose state does not fit, or that raises, does not end the run: the
+    rebuilt buffer starts empty and the log line says why."""
+    from recurrl.data import RayReplayBuffer
+
+    answers = iter([{"storage": "not a state"}, ZeroDivisionError("no save here")])
+
+    def restore():
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    rb = RayReplayBuffer(storage=LazyTensorStorage(10), timeout=60, max_restarts=2,
+                         restore=restore)  # fmt: skip
+    try:
+        rb.extend(TensorDict({"x": torch.arange(4)}, [4]))
+        with caplog.at_level("WARNING", logger="recurrl.data.ray_buffer"):
+            _kill(ray_session, rb)
+            assert len(rb) == 0
+            _kill(ray_session, rb)
+            assert len(rb) == 0 and rb.restarts == 2
+        first, second = (r.getMessage() for r in caplog.records)
+        assert "it starts empty (the saved contents did not load: " in first
+        assert "it starts empty (restore() failed: ZeroDivisionError: no save here)" in second
+        rb.extend(TensorDict({"x": torch.arange(3)}, [3]))
+        assert len(rb) == 3
+    finally:
+        rb.shutdown()

@@ -29,18 +29,6 @@ def test_every_field_has_a_docstring(cls):
         assert docs.get(f.name), f"{cls.__name__}.{f.name} has no docstring"
 
 
-def test_unknown_env_id_says_how_to_list_ids():
-    with pytest.raises(ValueError, match="pprint_registry") as info:
-        EnvConfig(env="NoSuchEnv-v0")
-    assert "CartPole-masked" in str(info.value)
-
-
-def test_builtin_masked_env_resolves_to_cartpole():
-    cfg = EnvConfig()
-    assert (cfg.gym_id(), cfg.mask()) == ("CartPole-v1", [0, 2])
-    assert EnvConfig(env="CartPole-v1").mask() is None
-
-
 def test_frames_not_multiple_of_batch_gives_the_fix():
     with pytest.raises(ValueError, match=r"Fix: --frames 2000"):
         PPOConfig(frames=2100, frames_per_batch=1000)
@@ -247,14 +235,3 @@ def test_image_encoder_is_checked_and_fixed_for_a_run():
     assert resume_conflicts(saved, given) == [("model.image_encoder", "cnn", "flat")]
     del saved["model"]["image_encoder"]  # a config.json written before the option: the CNN
     assert TrainConfig.from_dict(saved, saved=True).model.image_encoder == "cnn"
-
-
-def test_minigrid_memory_ids_resolve_to_the_torch_engine():
-    pytest.importorskip("minigrid")
-    for env_id in ("minigrid:MiniGrid-MemoryS7-v0", "minigrid:MiniGrid-MemoryS17Random-v0"):
-        assert EnvConfig(env=env_id).resolved_engine() == "torch"
-        assert EnvConfig(env=env_id, engine="gymnasium").resolved_engine() == "gymnasium"
-    # the other MiniGrid tasks have no torch implementation
-    assert EnvConfig(env="minigrid:MiniGrid-Empty-5x5-v0").resolved_engine() == "gymnasium"
-    with pytest.raises(ValueError, match=r"engine='torch'.*MiniGrid-Empty-5x5-v0.*Fix"):
-        EnvConfig(env="minigrid:MiniGrid-Empty-5x5-v0", engine="torch")
