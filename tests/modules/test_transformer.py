@@ -26,6 +26,7 @@ from recurrl.modules import (
     set_recurrent_mode,
 )
 from recurrl.modules.nets import GatedTransformer
+from recurrl.modules.nets.transformer import _next_memory, _rotary, _zeros
 from tests.collectors._contract import check_collector_contract
 from tests.collectors.test_collector import STATE_KEYS
 from tests.modules._reference import (
@@ -177,6 +178,72 @@ def test_positions_are_relative():
     second = run_recurrent(module, sequence_td(module, x[:, T:], is_init[:, T:], carried))
     close(second["y"], whole["y"][:, T:])
     assert first["next", COUNT_KEY][:, -1].eq(5).all()
+
+
+@pytest.mark.parametrize("steps", [1, 5, 40])
+def test_next_memory_sparse_and_dense_paths_agree(steps):
+    """The next memory gathered at the trajectory ends only (CPU, written into a memory map
+    above 1 MiB) equals the branchless gather of every step, values and gradients."""
+    torch.manual_seed(steps)
+    n, layers, m, size = 3, 2, 4, 5
+    stacked = torch.randn(n, layers, m + steps, size, requires_grad=True)
+    ends = torch.rand(n, steps) < 0.3
+    ends[:, -1] = True
+    keep_from = torch.randint(0, m + steps, (n, steps))
+    sparse = _next_memory(stacked, ends, keep_from, sparse=True)
+    dense = _next_memory(stacked, ends, keep_from, sparse=False)
+    assert sparse.shape == (n, steps, layers, m, size)
+    assert torch.equal(sparse, dense) and dense[~ends].abs().sum() == 0
+    w = torch.randn_like(dense)
+    (g_sparse,) = torch.autograd.grad((sparse * w).sum(), stacked)
+    (g_dense,) = torch.autograd.grad((dense * w).sum(), stacked)
+    assert torch.equal(g_sparse, g_dense)
+
+
+def test_untouched_zeros_are_zeros_and_own_their_memory():
+    like = torch.ones(1, dtype=torch.float64)
+    big = _zeros((300, 1000), like)  # 2.4 MB: a memory map
+    small = _zeros((3, 4), like)
+    assert big.dtype == small.dtype == torch.float64 and big.shape == (300, 1000)
+    assert big.abs().sum() == 0 and small.abs().sum() == 0
+    big[7, 3] = 2.0
+    assert big.sum() == 2.0
+    copies = [_zeros((300, 1000), like) for _ in range(3)]  # each its own memory
+    copies[0].fill_(1.0)
+    assert copies[1].abs().sum() == 0 and copies[2].abs().sum() == 0
+
+
+def test_rotary_tables_are_cached_slices_usable_after_inference_mode():
+    """The cached tables hold the values built for exactly that many positions; a table
+    first built while acting (inference mode) serves a training pass with gradients."""
+    net = GatedTransformer(F_IN, H, memory_length=3)
+    d = H // net.num_heads
+    with torch.inference_mode():
+        cos, sin = net._rope(5, torch.zeros(1))
+    want = _rotary(torch.arange(5), d, torch.float32)
+    assert torch.equal(cos, want[0]) and torch.equal(sin, want[1])
+    assert torch.equal(net._rope(300, torch.zeros(1))[0][:5], want[0])  # grown, same values
+    x = torch.randn(2, 4, F_IN, requires_grad=True)
+    memory, count = torch.zeros(2, 1, 3, H), torch.zeros(2, 1, dtype=torch.long)
+    is_init = torch.zeros(2, 4, dtype=torch.bool)
+    y, _, _ = net.sequence(x, memory[:, None].expand(2, 4, 1, 3, H),
+                           count[:, None].expand(2, 4, 1), is_init)  # fmt: skip
+    (g,) = torch.autograd.grad(y.sum(), x)
+    assert torch.isfinite(g).all()
+
+
+def test_gates_start_near_the_identity():
+    """GTrXL's initialisation: the update gate z = sigmoid(W_z y + U_z x - b_g) starts near
+    sigmoid(-2) = 0.12, so each layer starts close to passing its input through."""
+    torch.manual_seed(0)
+    gate = GatedTransformer(F_IN, 64).layers[0].gate_attn
+    x, y = torch.randn(256, 64), torch.randn(256, 64).relu()
+    _, wz, _ = gate.w(y).chunk(3, dim=-1)
+    _, uz = gate.u(x).chunk(2, dim=-1)
+    z = torch.sigmoid(wz + uz - gate.gate_bias)
+    assert gate.gate_bias == 2.0 and 0.08 < z.mean() < 0.2
+    out = gate(x, y)
+    assert (out - x).norm() < 0.5 * x.norm()
 
 
 # --- resets by selection: NaN isolation ----------------------------------------------------

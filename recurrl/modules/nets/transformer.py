@@ -28,6 +28,9 @@ keys and values would.
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -51,6 +54,30 @@ def _rotary(positions: Tensor, dim: int, dtype: torch.dtype) -> tuple[Tensor, Te
                             * (2.0 / dim))  # fmt: skip
     angle = positions.to(torch.float64)[:, None] * freq[None]
     return angle.cos().to(dtype), angle.sin().to(dtype)
+
+
+class _RotaryCache:
+    """The rotary tables of positions ``0..P-1``, built once per head size, device and dtype
+    and grown (to a power of two) when a longer one is asked for; a slice of a longer table
+    holds the same values as a table built for fewer positions (each angle is computed on
+    its own). Nothing is cached while tracing (``torch.compile``/``torch.export``)."""
+
+    def __init__(self) -> None:
+        self._tables: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+    def __call__(self, length: int, dim: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+            return _rotary(torch.arange(length, device=like.device), dim, like.dtype)
+        key = (dim, like.device, like.dtype)
+        cos, sin = self._tables.get(key, (None, None))
+        if cos is None or cos.shape[0] < length:
+            size = 1 << max(length - 1, 63).bit_length()
+            # normal tensors even inside inference_mode: a table built while acting is
+            # reused by training passes, which save it for backward
+            with torch.inference_mode(False), torch.no_grad():
+                cos, sin = _rotary(torch.arange(size, device=like.device), dim, like.dtype)
+            self._tables[key] = (cos, sin)
+        return cos[:length], sin[:length]
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -103,17 +130,28 @@ class _GatedLayer(nn.Module):
         self.gate_mlp = _GRUGate(size, bias, gate_bias, **factory)
         self.dropout = nn.Dropout(dropout)
 
-    def keys_values(self, ctx: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
-        """Keys and values ``[N, heads, K, d]`` of ``ctx`` ``[N, K, H]`` (keys rotated), and
-        ``bad`` ``[N, K]``: the positions holding a NaN or an infinity, whose keys and values
-        are replaced by zeros (what a query that may see one gets is :meth:`attend`'s)."""
-        n, k, size = ctx.shape
-        kv = self.kv(self.norm_attn(ctx))
-        bad = ~torch.isfinite(kv).all(dim=-1)
+    def keys_values(self, normed: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
+        """Keys and values ``[N, K, heads, d]`` of the normalized context ``normed``
+        ``[N, K, H]`` (keys rotated by ``rope``, ``[K, d/2]`` each), and ``bad`` ``[N, K]``:
+        the positions holding a NaN or an infinity, whose keys and values are replaced by
+        zeros (what a query that may see one gets is :meth:`attend`'s)."""
+        n, k, size = normed.shape
+        kv = self.kv(normed)
+        # one pass: a row's sum is NaN or infinite if one of its entries is (a finite row
+        # whose sum overflows, |entries| near 1e38, is flagged too, in both modes alike)
+        bad = ~torch.isfinite(kv.sum(dim=-1))
         # select, never multiply: a NaN of one episode must not reach another's scores
-        kv = torch.where(bad[..., None], 0.0, kv)
-        kv = kv.view(n, k, 2, self.heads, size // self.heads).permute(2, 0, 3, 1, 4)
-        return _rotate(kv[0], *rope), kv[1], bad
+        kv = torch.where(bad[..., None], 0.0, kv).view(n, k, 2, self.heads, size // self.heads)
+        cos, sin = rope
+        return _rotate(kv[:, :, 0], cos[:, None], sin[:, None]), kv[:, :, 1], bad
+
+    def query(self, normed: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+        """Rotated queries ``[N, Q, heads, d]`` of the normalized inputs ``normed``
+        ``[N, Q, H]`` (``rope``: ``[Q, d/2]`` each)."""
+        n, q, size = normed.shape
+        cos, sin = rope
+        return _rotate(self.q(normed).view(n, q, self.heads, size // self.heads),
+                       cos[:, None], sin[:, None])  # fmt: skip
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, poisoned: Tensor) -> Tensor:
         """``softmax(q k^T / sqrt(d), mask) v`` ``[B, heads, Q, d]`` (``mask`` ``[B, 1, Q, K]``
@@ -126,14 +164,6 @@ class _GatedLayer(nn.Module):
         """The gates and the MLP after attention: ``x`` ``[N, Q, H]``, ``a`` ``[N, Q, H]``."""
         x = self.gate_attn(x, F.relu(self.dropout(self.out(a))))
         return self.gate_mlp(x, F.relu(self.dropout(self.mlp(self.norm_mlp(x)))))
-
-    def query(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
-        """Rotated queries ``[N, heads, Q, d]`` of ``x`` ``[N, Q, H]``."""
-        n, q, size = x.shape
-        return _rotate(
-            self.q(self.norm_attn(x)).view(n, q, self.heads, size // self.heads).transpose(1, 2),
-            *rope,
-        )
 
 
 def _merge_heads(a: Tensor) -> Tensor:
@@ -219,9 +249,11 @@ class GatedTransformer(nn.Module):
             for _ in range(num_layers)
         )
         self.norm = nn.LayerNorm(hidden_size, **factory)
+        self._rope_cache = _RotaryCache()
 
-    def _tables(self, positions: Tensor, like: Tensor) -> tuple[Tensor, Tensor]:
-        return _rotary(positions, self.hidden_size // self.num_heads, like.dtype)
+    def _rope(self, length: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """Rotary tables of positions ``0..length-1`` (cached, see :class:`_RotaryCache`)."""
+        return self._rope_cache(length, self.hidden_size // self.num_heads, like)
 
     def step(self, x: Tensor, memory: Tensor, count: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """One step: each layer attends to its valid memory slots and to itself.
@@ -236,22 +268,24 @@ class GatedTransformer(nn.Module):
             ``(y [N, H], memory [N, L, M, H], count [N, L])``: the output and the memory
             after the step (the buffer shifted by one slot, the step's layer inputs last).
         """
-        m = self.memory_length
-        slot = torch.arange(m + 1, device=x.device)
-        valid = slot[:m] >= (m - count)[..., None]  # [N, L, M]
+        m, n = self.memory_length, x.shape[0]
+        valid = torch.arange(m, device=x.device) >= (m - count)[..., None]  # [N, L, M]
         memory = torch.where(valid[..., None], memory, 0.0)
-        rope_k = self._tables(slot, x)
+        sees = torch.cat((valid, valid.new_ones(n, self.num_layers, 1)), dim=2)  # [N, L, M+1]
+        rope_k = self._rope(m + 1, x)
         rope_q = (rope_k[0][m:], rope_k[1][m:])
         h = self.embed(x)[:, None]  # [N, 1, H]
         new = []
         for layer, block in enumerate(self.layers):
             ctx = torch.cat((memory[:, layer], h), dim=1)  # [N, M + 1, H]
             new.append(ctx[:, 1:])  # the fixed-size buffer, shifted by one (a roll)
-            k, v, bad = block.keys_values(ctx, rope_k)
-            sees = torch.cat((valid[:, layer], valid.new_ones(x.shape[0], 1)), dim=1)
-            mask = sees[:, None, None, :]  # [N, 1, 1, M + 1]
-            poisoned = (sees & bad).any(dim=-1)[:, None, None]
-            a = block.attend(block.query(h, rope_q), k, v, mask, poisoned)
+            normed = block.norm_attn(ctx)
+            k, v, bad = block.keys_values(normed, rope_k)
+            q = block.query(normed[:, m:], rope_q)
+            see = sees[:, layer]
+            poisoned = (see & bad).any(dim=-1)[:, None, None]
+            a = block.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                             see[:, None, None, :], poisoned)  # fmt: skip
             h = block.finish(h, _merge_heads(a))
         return self.norm(h[:, 0]), torch.stack(new, dim=1), (count + 1).clamp(max=m)
 
@@ -308,9 +342,17 @@ class GatedTransformer(nn.Module):
         self, x: Tensor, memory: Tensor, count: Tensor, is_init: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
         """:meth:`sequence` where only the first step's memory (``[N, L, M, H]``, counts
-        ``[N, L]``) may be non-empty: the restarts inside a row start from nothing."""
+        ``[N, L]``) may be non-empty: the restarts inside a row start from nothing.
+
+        Banded attention: the queries are cut into blocks of ``C = max(ceil(M / 2), 16)``
+        steps (fewer if ``T`` is shorter), and block ``b`` attends to the keys of its own
+        block and of the ``k = ceil(M / C)`` blocks before it (``(k + 1) C`` keys, ``1.5 M``
+        for an even ``M >= 32``; the first blocks' earlier blocks are the memory, preceded by
+        ``k C - M`` zero slots that no query sees), so the cost grows as ``T * M``, not
+        ``T^2``. With one block, it attends to the memory and itself (``M + T`` keys).
+        """
         n, steps = x.shape[:2]
-        m, device = self.memory_length, x.device
+        m, layers, device = self.memory_length, self.num_layers, x.device
         t = torch.arange(steps, device=device)
         restart = is_init.clone()
         restart[:, 0] = False
@@ -322,51 +364,51 @@ class GatedTransformer(nn.Module):
         valid = torch.arange(m, device=device) >= (m - count)[..., None]
         memory = torch.where(valid[..., None], memory, 0.0)
 
-        chunk = min(steps, max(m, _MIN_CHUNK))
+        chunk = min(steps, max(-(-m // 2), _MIN_CHUNK))
         blocks = -(-steps // chunk)
         padded = blocks * chunk
-        # query t of block b sees the buffer window e in [b*chunk, b*chunk + M + chunk)
-        tq = torch.arange(padded, device=device).view(blocks, chunk)
-        e = tq[:, :1] + torch.arange(m + chunk, device=device)  # [blocks, M + chunk]
+        back = -(-m // chunk) if blocks > 1 else 0  # earlier blocks a query block may see
+        lead = back * chunk - m if blocks > 1 else 0  # zero slots before the memory
+        width = (back + 1) * chunk if blocks > 1 else m + chunk  # keys per block
+        # block b's keys: e in [b * chunk - lead, b * chunk - lead + width)
+        tq = torch.arange(padded, device=device).view(blocks, chunk, 1)
+        e = tq[:, :1] - lead + torch.arange(width, device=device)  # [blocks, 1, width]
         lb = F.pad(lb, (0, padded - steps), value=m + steps)  # padding: a segment of its own
-        lb = lb.view(n, self.num_layers, blocks, chunk, 1)
-        tq = tq[..., None]
-        mask = (e[:, None, :] >= tq) & (e[:, None, :] <= m + tq) & (e[:, None, :] >= lb)
-        # [N, L, blocks, chunk, M + chunk]
+        lb = lb.view(n, layers, blocks, chunk, 1)
+        mask = (e >= tq) & (e <= m + tq) & (e >= lb)  # [N, L, blocks, chunk, width]
 
-        positions = torch.arange(m + padded, device=device)
-        rope_k = self._tables(positions, x)
-        rope_q = (rope_k[0][m:], rope_k[1][m:])
+        rope = self._rope(lead + m + padded, x)  # key i of the padded buffer at position i
+        rope_q = (rope[0][lead + m :], rope[1][lead + m :])
         h = self.embed(x)
+        heads, d = self.num_heads, self.hidden_size // self.num_heads
         buffers = []
         for layer, block in enumerate(self.layers):
             buf = torch.cat((memory[:, layer], h), dim=1)  # [N, M + T, H]
             buffers.append(buf)
-            k, v, bad = block.keys_values(F.pad(buf, (0, 0, 0, padded - steps)), rope_k)
-            q = block.query(F.pad(h, (0, 0, 0, padded - steps)), rope_q)
-            sees = mask[:, layer]  # [N, blocks, chunk, M + chunk]
-            bad_w = bad[:, e]  # [N, blocks, M + chunk]
-            poisoned = (sees & bad_w[:, :, None, :]).any(dim=-1)  # [N, blocks, chunk]
+            normed = block.norm_attn(buf)
+            q = block.query(F.pad(normed[:, m:], (0, 0, 0, padded - steps)), rope_q)
+            k, v, bad = block.keys_values(
+                F.pad(normed, (0, 0, lead, padded - steps)), rope
+            )  # [N, lead + M + padded, heads, d]
+            sees = mask[:, layer]
+            poisoned = (sees & _banded(bad, blocks, chunk, back)[:, :, None, :]).any(dim=-1)
             a = block.attend(
-                _blocks(q, blocks, chunk),
-                _windows(k, blocks, chunk, m),
-                _windows(v, blocks, chunk, m),
-                sees.reshape(n * blocks, 1, chunk, m + chunk),
+                q.view(n, blocks, chunk, heads, d).transpose(2, 3).flatten(0, 1),
+                _banded(k, blocks, chunk, back).transpose(2, 3).flatten(0, 1),
+                _banded(v, blocks, chunk, back).transpose(2, 3).flatten(0, 1),
+                sees.reshape(n * blocks, 1, chunk, width),
                 poisoned.reshape(n * blocks, 1, chunk),
-            )
-            a = a.view(n, blocks, *a.shape[1:]).permute(0, 2, 1, 3, 4).flatten(2, 3)
-            h = block.finish(h, _merge_heads(a[:, :, :steps]))
+            )  # [N * blocks, heads, chunk, d]
+            a = a.view(n, blocks, heads, chunk, d).transpose(2, 3).reshape(n, padded, heads * d)
+            h = block.finish(h, a[:, :steps])
         y = self.norm(h)
 
-        # next memory and count at trajectory ends: the buffer window just after step t
+        # next memory and count at trajectory ends: the buffer window just after step t (the
+        # slots of an earlier episode, and every step that is not a trajectory end, zeros)
         ends = torch.ones_like(is_init)
         ends[:, :-1] = restart[:, 1:]
-        stacked = torch.stack(buffers, dim=1)  # [N, L, M + T, H]
-        windows = stacked.unfold(2, m, 1)[:, :, 1:]  # [N, L, T, H, M]: e in [t + 1, t + M]
         keep_from = torch.where(first, 0, m + seg)  # slots before a segment start are empty
-        keep = (t[:, None] + 1 + torch.arange(m, device=device)) >= keep_from[..., None]
-        keep = (keep & ends[..., None])[:, None, :, None, :]  # [N, 1, T, 1, M]
-        nxt_memory = torch.where(keep, windows, 0.0).permute(0, 2, 1, 4, 3)
+        nxt_memory = _next_memory(torch.stack(buffers, dim=1), ends, keep_from)
         since = torch.where(first[..., None], count[:, None, :] + t[:, None] + 1,
                             (t - seg + 1)[..., None])  # fmt: skip
         nxt_count = torch.where(ends[..., None], since.clamp(max=m), 0)
@@ -379,16 +421,68 @@ class GatedTransformer(nn.Module):
         )
 
 
-def _blocks(q: Tensor, blocks: int, chunk: int) -> Tensor:
-    """Queries ``[N, heads, blocks * chunk, d]`` -> ``[N * blocks, heads, chunk, d]``."""
-    n, heads, _, d = q.shape
-    return q.view(n, heads, blocks, chunk, d).transpose(1, 2).reshape(n * blocks, heads, chunk, d)
+#: the smallest zeros (bytes) that :func:`_zeros` maps instead of writing
+_MAP_BYTES = 1 << 20
 
 
-def _windows(k: Tensor, blocks: int, chunk: int, m: int) -> Tensor:
-    """Keys ``[N, heads, M + blocks * chunk, d]`` -> the overlapping windows of the blocks,
-    ``[N * blocks, heads, M + chunk, d]`` (block ``b``: positions ``[b chunk, b chunk + M +
-    chunk)``)."""
-    n, heads, _, d = k.shape
-    w = k.unfold(2, m + chunk, chunk)  # [N, heads, blocks, d, M + chunk]
-    return w.permute(0, 2, 1, 4, 3).reshape(n * blocks, heads, m + chunk, d)
+def _zeros(shape: tuple[int, ...], like: Tensor) -> Tensor:
+    """Zeros of ``shape`` (``like``'s dtype and device) whose memory is not written.
+
+    A large CPU tensor is a fresh anonymous memory map, whose pages the kernel provides
+    (zeroed) only where they are first written: a next memory of 16 KiB per frame written
+    at its trajectory ends only costs those pages, where ``torch.zeros`` writes them all
+    (2048 frames at ``M = H = 64``: 32 MiB, several times the time of the whole attention
+    pass on a CPU). Small tensors, other devices and traced code get ``torch.zeros``."""
+    nbytes = math.prod(shape) * like.element_size()
+    if like.device.type != "cpu" or nbytes < _MAP_BYTES or torch.compiler.is_compiling():
+        return like.new_zeros(shape)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=like.dtype).view(shape)
+
+
+def _next_memory(stacked: Tensor, ends: Tensor, keep_from: Tensor, sparse: bool | None = None
+                 ) -> Tensor:  # fmt: skip
+    """The memory after each step ``t`` ``[N, T, L, M, H]``: at the trajectory ends
+    (``ends`` ``[N, T]``) the window of buffer rows ``t + 1 .. t + M`` of ``stacked``
+    ``[N, L, M + T, H]``, where rows before ``keep_from`` ``[N, T]`` are zeros; zeros
+    elsewhere.
+
+    ``sparse`` (default: on CPU) gathers the windows of the trajectory ends only (one host
+    sync to count them) and writes them into :func:`_zeros`; else every step's window is
+    gathered, the others reading an appended zero row (no sync, the accelerators' path).
+    Both are differentiable and equal."""
+    n, layers, rows, size = stacked.shape
+    steps = ends.shape[1]
+    m = rows - steps
+    device = stacked.device
+    if sparse is None:
+        sparse = device.type == "cpu"
+    flat = torch.cat((stacked.reshape(n * layers * rows, size), stacked.new_zeros(1, size)))
+    zero_row = n * layers * rows
+    slot = torch.arange(m, device=device)
+    base = (torch.arange(n, device=device)[:, None] * layers
+            + torch.arange(layers, device=device)) * rows  # [N, L]  # fmt: skip
+    if sparse:
+        at = ends.flatten().nonzero().squeeze(-1)  # [E] flat (row, step) of the ends
+        row, t = at // steps, at % steps
+        src = t[:, None] + 1 + slot  # [E, M]
+        keep = src >= keep_from.flatten()[at, None]
+        index = torch.where(keep[:, None], base[row][..., None] + src[:, None], zero_row)
+        out = _zeros((n * steps, layers, m, size), stacked)
+        out.index_put_((at,), flat.index_select(0, index.flatten()).view(-1, layers, m, size))
+        return out.view(n, steps, layers, m, size)
+    src = torch.arange(steps, device=device)[:, None] + 1 + slot  # [T, M]
+    keep = (src >= keep_from[..., None]) & ends[..., None]  # [N, T, M]
+    index = torch.where(keep[:, :, None], base[:, None, :, None] + src[:, None], zero_row)
+    return flat.index_select(0, index.flatten()).view(n, steps, layers, m, size)
+
+
+def _banded(k: Tensor, blocks: int, chunk: int, back: int) -> Tensor:
+    """The keys of every query block, ``k`` ``[N, K, ...]`` -> ``[N, blocks, width, ...]``:
+    with one block, all ``K = width`` of them (a view); else block ``b``'s own ``chunk``
+    keys preceded by those of the ``back`` blocks before it (``K = (blocks + back) * chunk``,
+    ``width = (back + 1) * chunk``), a concatenation of shifted views (cheaper to
+    differentiate than overlapping windows)."""
+    if blocks == 1:
+        return k[:, None]
+    kb = k.unflatten(1, (blocks + back, chunk))
+    return torch.cat([kb[:, i : i + blocks] for i in range(back + 1)], dim=2)
