@@ -279,7 +279,7 @@ class AgentDimension:
                     cfg, weights[i], x[:, i], tuple(s[:, i] for s in states), is_init[:, i],
                     options=self._recurrent_options, training=self.training,  # type: ignore[attr-defined]
                     python_based=self.python_based,
-                    runner=_python_runner(nets[i], several) if self.python_based else None,
+                    runner=python_runner(nets[i], several) if self.python_based else None,
                 )
                 for i in range(n)  # type: ignore[arg-type]
             ]  # fmt: skip
@@ -310,8 +310,9 @@ def _swap(value: Tensor, lead: int, recurrent: bool) -> Tensor:
     return value.transpose(lead - 1, lead) if recurrent else value
 
 
-def _python_runner(net: nn.Module, several: bool):
-    """The multi-layer call of a python-native network (what ``pad`` runs on the pieces);
+def python_runner(net: nn.Module, several: bool):
+    """The multi-layer call of a python-native network (what ``pad`` runs on the pieces), for
+    one agent's network here and for :class:`~recurrl.modules.RecurrentModule`'s own;
     ``several``: the cell has more than one state."""
 
     def run(x: Tensor, hx: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:

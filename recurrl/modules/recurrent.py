@@ -31,7 +31,7 @@ from recurrl.functional.recurrent import (
     recurrent_step,
     recurrent_unroll,
 )
-from recurrl.modules._agents import AgentDimension
+from recurrl.modules._agents import AgentDimension, python_runner
 from recurrl.modules._arg_docs import complete_arguments_doc
 from recurrl.modules._env_transforms import env_transform_builders
 from recurrl.modules._fast_step import StepPlan, fast_step, step_plan
@@ -637,16 +637,7 @@ class RecurrentModule(AgentDimension, RecurrentSettings, CheckedReaders, TensorD
         rnn = self.rnn
         if not self.python_based:
             return fused_runner(self._current_config(), rnn._flat_weights, self.training)
-        several = self._cfg.kind.num_states > 1
-
-        def run(x: Tensor, hx: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
-            if not rnn.batch_first:
-                x = x.transpose(0, 1)
-            y, out = rnn(x, hx if several else hx[0])
-            y = y if rnn.batch_first else y.transpose(0, 1)
-            return y, (tuple(out) if several else (out,))
-
-        return run
+        return python_runner(rnn, self._cfg.kind.num_states > 1)
 
     #: False runs every sequential step through the validating readers (the oracle the
     #: shortcuts are tested against): no fast path, no usual-input shortcut in _read_step

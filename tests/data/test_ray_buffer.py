@@ -21,6 +21,7 @@ from recurrl.data import (
     SliceSamplerWithoutReplacement,
     TensorDictReplayBuffer,
 )
+from tests._ray_kill import kill_and_wait
 from tests.data._fake import FakeCollector
 
 pytest.importorskip("ray")
@@ -465,16 +466,7 @@ def test_a_sampler_generator_reaches_the_actor_as_built_without_a_seed(ray_sessi
 # -- a dead actor is rebuilt ------------------------------------------------------------
 def _kill(ray, buffer) -> None:
     """Kill the buffer's actor by its handle and wait until Ray reports it dead."""
-    actor = buffer._actor
-    ray.kill(actor, no_restart=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            ray.get(actor.length.remote(), timeout=30)
-        except ray.exceptions.RayActorError:
-            return
-        time.sleep(0.1)
-    raise AssertionError("the killed actor still answers")
+    kill_and_wait(ray, buffer._actor)
 
 
 def test_the_owner_rebuilds_a_dead_actor_from_the_restored_state(ray_session, caplog):

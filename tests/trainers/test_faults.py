@@ -13,6 +13,7 @@ from recurrl.trainers.cli import _prog, main
 from recurrl.trainers.config import RunConfig
 from recurrl.trainers.logger import read_metrics
 from recurrl.trainers.ppo import PPOTrainer
+from tests._ray_kill import kill_and_wait
 
 from ._helpers import parse_train
 
@@ -255,15 +256,7 @@ def _kill_replay_actor_before_batch(ray, monkeypatch, n: int) -> None:
     def kill(trainer):
         calls[0] += 1
         if calls[0] == n:
-            actor = trainer.buffer._actor
-            ray.kill(actor, no_restart=True)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                try:
-                    ray.get(actor.length.remote(), timeout=30)
-                except ray.exceptions.RayActorError:
-                    break
-                time.sleep(0.1)
+            kill_and_wait(ray, trainer.buffer._actor)
         return original(trainer)
 
     monkeypatch.setattr(loop, "next_batch", kill)
