@@ -1,4 +1,4 @@
-"""Killing a Ray actor in a test and waiting until Ray reports it dead."""
+"""Killing Ray actors in tests and waiting until Ray reports them dead."""
 
 from __future__ import annotations
 
@@ -6,18 +6,25 @@ import time
 from typing import Any
 
 
-def kill_and_wait(ray: Any, actor: Any, timeout: float = 30.0) -> None:
-    """``ray.kill(actor)`` (no restart), then wait until a call on it fails as a dead actor's.
+def is_dead(ray: Any, actor: Any, method: str = "info", within: float = 30.0) -> bool:
+    """Whether ``actor`` is dead: calls ``actor.<method>`` until it fails as a dead actor's
+    (``ray.kill`` takes effect asynchronously), for at most ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            ray.get(getattr(actor, method).remote(), timeout=within)
+        except ray.exceptions.RayActorError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def kill_and_wait(ray: Any, actor: Any, method: str = "length", timeout: float = 30.0) -> None:
+    """``ray.kill(actor)`` (no restart), then wait until it answers as a dead actor.
 
     Raises:
         AssertionError: the actor still answers after ``timeout`` seconds.
     """
     ray.kill(actor, no_restart=True)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            ray.get(actor.length.remote(), timeout=timeout)
-        except ray.exceptions.RayActorError:
-            return
-        time.sleep(0.1)
-    raise AssertionError("the killed actor still answers")
+    if not is_dead(ray, actor, method, timeout):
+        raise AssertionError("the killed actor still answers")

@@ -27,6 +27,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # test classes 
 
 from recurrl.collectors import RayCollector, RemoteCollectorError  # noqa: E402
 from recurrl.collectors.ray import SEED_STRIDE  # noqa: E402
+from tests._ray_kill import is_dead  # noqa: E402
 
 H = 8
 STATE_KEYS = ["rs_h", "rs_c"]
@@ -135,15 +136,8 @@ class ActorBuffer:
 
 
 def dead(handle, within: float = 30.0) -> bool:
-    """Whether the actor is dead (``ray.kill`` takes effect asynchronously: poll)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            ray.get(handle.info.remote(), timeout=within)
-        except ray.exceptions.RayActorError:
-            return True
-        time.sleep(0.2)
-    return False
+    """Whether the worker actor is dead (``ray.kill`` takes effect asynchronously: poll)."""
+    return is_dead(ray, handle, "info", within)
 
 
 # --- import --------------------------------------------------------------------------------

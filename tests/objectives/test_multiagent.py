@@ -273,6 +273,19 @@ def test_centralized_vs_independent_critic():
         assert torch.allclose(v0, v1) != sees_others
 
 
+def _recurrent_agents(obs_dim: int, n_agents: int = 3, actions: int = 3) -> Seq:
+    """A GRU actor over the agents (shared weights), its head and a categorical sampler."""
+    from recurrl.trainers.models import CategoricalSampler
+
+    memory = GRUModule(obs_dim, HID, in_key=("agents", "observation"),
+                       out_key=("agents", "feat"), n_agents=n_agents)  # fmt: skip
+    head = Mod(MultiAgentMLP(HID, actions, n_agents), [("agents", "feat")],
+               [("agents", "logits")])  # fmt: skip
+    sampler = Mod(CategoricalSampler(), [("agents", "logits")],
+                  [("agents", "action"), ("agents", "sample_log_prob")])  # fmt: skip
+    return Seq(memory, head, sampler)
+
+
 def test_errors():
     with pytest.raises(ValueError, match="algorithm must be one of"):
         multiagent_critic(N, "qmix", observation_size=OBS)
@@ -303,16 +316,10 @@ def test_collected_recurrent_mappo_replays_exactly():
     collecting policy runs in GAE."""
     from recurrl.collectors import Collector
     from recurrl.testing.multiagent_envs import MultiAgentRecallEnv
-    from recurrl.trainers.models import CategoricalSampler
 
     torch.manual_seed(0)
     env = MultiAgentRecallEnv(batch_size=(4,), n_agents=3, num_cues=3, reenter=(2, 5))
-    memory = GRUModule(env.obs_dim, HID, in_key=("agents", "observation"),
-                       out_key=("agents", "feat"), n_agents=3)  # fmt: skip
-    head = Mod(MultiAgentMLP(HID, 3, 3), [("agents", "feat")], [("agents", "logits")])
-    sampler = Mod(CategoricalSampler(), [("agents", "logits")],
-                  [("agents", "action"), ("agents", "sample_log_prob")])  # fmt: skip
-    actor = Seq(memory, head, sampler)
+    actor = _recurrent_agents(env.obs_dim)
     critic = multiagent_critic(3, "mappo", state_size=10, recurrent=True, hidden_size=HID)
     loss, gae = multiagent_ppo_loss(actor, critic)
     collector = Collector(env, Seq(actor, critic[0]), frames_per_batch=4 * 9, total_frames=72)
@@ -331,16 +338,10 @@ def test_replayed_slices_of_recurrent_agents_replay_exactly(pad):
     from recurrl.collectors import Collector
     from recurrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
     from recurrl.testing.multiagent_envs import MultiAgentRecallEnv
-    from recurrl.trainers.models import CategoricalSampler
 
     torch.manual_seed(0)
     env = MultiAgentRecallEnv(batch_size=(4,), n_agents=3, num_cues=3, reenter=(2, 5))
-    memory = GRUModule(env.obs_dim, HID, in_key=("agents", "observation"),
-                       out_key=("agents", "feat"), n_agents=3)  # fmt: skip
-    head = Mod(MultiAgentMLP(HID, 3, 3), [("agents", "feat")], [("agents", "logits")])
-    sampler = Mod(CategoricalSampler(), [("agents", "logits")],
-                  [("agents", "action"), ("agents", "sample_log_prob")])  # fmt: skip
-    actor = Seq(memory, head, sampler)
+    actor = _recurrent_agents(env.obs_dim)
     critic = multiagent_critic(3, "mappo", state_size=10, hidden_size=HID)
     loss, gae = multiagent_ppo_loss(actor, critic)
     rb = TensorDictReplayBuffer(

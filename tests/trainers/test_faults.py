@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
@@ -13,7 +12,7 @@ from recurrl.trainers.cli import _prog, main
 from recurrl.trainers.config import RunConfig
 from recurrl.trainers.logger import read_metrics
 from recurrl.trainers.ppo import PPOTrainer
-from tests._ray_kill import kill_and_wait
+from tests._ray_kill import is_dead, kill_and_wait
 
 from ._helpers import parse_train
 
@@ -93,18 +92,6 @@ def test_a_failure_after_a_checkpoint_says_what_was_saved_and_how_to_resume(
 
 
 # ---------------------------------------------------------------------- Ray workers
-def _dead(ray, handle, within: float = 30.0) -> bool:
-    """Whether the actor is dead (``ray.kill`` takes effect asynchronously: poll)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            ray.get(handle.info.remote(), timeout=within)
-        except ray.exceptions.RayActorError:
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def _kill_worker_before_batch(ray, monkeypatch, n: int) -> None:
     """Kill Ray worker 0's actor (by its handle) before the ``n``-th batch is collected."""
     calls = [0]
@@ -115,7 +102,7 @@ def _kill_worker_before_batch(ray, monkeypatch, n: int) -> None:
         if calls[0] == n:
             handle = trainer.collector._workers[0].handle
             ray.kill(handle, no_restart=True)
-            assert _dead(ray, handle)
+            assert is_dead(ray, handle)
         return original(trainer)
 
     monkeypatch.setattr(loop, "next_batch", kill_first)
@@ -167,7 +154,7 @@ def test_a_worker_failing_again_within_the_minute_ends_the_run(ray_session, fail
             for _ in range(2):
                 next(it)
                 ray_session.kill(collector._workers[0].handle, no_restart=True)
-                assert _dead(ray_session, collector._workers[0].handle)
+                assert is_dead(ray_session, collector._workers[0].handle)
                 next(it)
     assert collector.restarts == 1
     with pytest.raises(ValueError, match="max_restarts_per_minute None or an int >= 1"):
