@@ -277,10 +277,16 @@ def test_a_killed_replay_actor_is_rebuilt_and_learning_waits_for_its_refill(
     assert [int(r["frames"]) for r in rows] == list(range(64, 641, 64))
     assert [int(r["replay_restarts"]) for r in rows] == [0, 0, 0] + [1] * 7
     learned = [r["loss"] != "" for r in rows]  # NaN (no update) is written as ""
-    # (without a checkpoint, the batches the workers had in flight land in the rebuilt buffer
-    # at once, so whether learning pauses here depends on timing: the rule is tested below)
-    assert learned[:3] == [False, True, True] and all(learned[4:]), learned
-    assert learned[3] or not checkpointed  # refilled from the checkpoint: no pause at all
+    assert learned[:3] == [False, True, True], learned
+    if checkpointed:  # refilled from the checkpoint: no pause at all
+        assert all(learned[3:]), learned
+    else:
+        # without a checkpoint the pause lasts until the rebuilt buffer holds learning_starts
+        # (128) steps; how many batches that takes depends on which of the workers' in-flight
+        # writes reached the dead actor (the rule itself is pinned by the next test). Learning
+        # resumes before the run ends and, once resumed, does not pause again.
+        resumed = learned.index(True, 3)
+        assert all(learned[resumed:]) and resumed <= len(learned) - 2, learned
     assert "the replay buffer's actor was rebuilt" in (run_dir / "error.log").read_text()
 
 
