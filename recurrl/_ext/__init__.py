@@ -19,18 +19,23 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 __all__ = [
+    "BUILD_LOCK",
     "EXTENSION_NAME",
     "build_directory",
+    "build_lock",
     "extension_loaded",
     "extension_unavailable_reason",
     "load_extension",
@@ -115,10 +120,73 @@ def extension_loaded() -> bool:
     return _loaded
 
 
+#: The lock file recurrl's builders hold (``flock``) in the build directory; torch's own
+#: lock file there is ``lock``.
+BUILD_LOCK = "recurrl-build.lock"
+_TORCH_BATON = "lock"
+_WAIT_NOTICE_S = 5.0
+
+
+@contextlib.contextmanager
+def build_lock(directory: Path) -> Iterator[None]:
+    """Hold the build directory against other processes while the extension is built.
+
+    torch's ``cpp_extension.load`` guards a build with a lock *file* that only the builder
+    removes: a builder killed mid-build (a preempted node, a Ray worker replaced while it
+    compiled, Ctrl-C at the wrong time) leaves it behind, and every later process waits on it
+    forever. recurrl's builders first take an ``flock`` on :data:`BUILD_LOCK`, which the kernel
+    releases when its holder dies; whoever holds it is the only recurrl builder alive, so a
+    torch lock file found then is stale and is removed (with a line on stderr). Waiting for a
+    live builder prints one line after 5 s. Where ``fcntl`` is missing (Windows) torch's lock
+    alone guards the build.
+
+    Examples:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     Path(folder, "lock").touch()  # left by a builder that was killed
+        ...     with build_lock(Path(folder)):
+        ...         Path(folder, "lock").exists()
+        False
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock
+        yield
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / BUILD_LOCK, "a+") as handle:
+        start, told = time.monotonic(), False
+        while True:  # polled rather than blocking, so that Ctrl-C still stops the wait
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not told and time.monotonic() - start > _WAIT_NOTICE_S:
+                    print(
+                        f"recurrl: waiting for another process building its C++ kernels in "
+                        f"{directory}...",
+                        file=sys.stderr,
+                    )
+                    told = True
+                time.sleep(0.1)
+        try:
+            baton = directory / _TORCH_BATON
+            if baton.exists():
+                print(
+                    f"recurrl: removing {baton}, left by a build of its C++ kernels that was "
+                    f"killed (no builder holds {directory / BUILD_LOCK}); building again.",
+                    file=sys.stderr,
+                )
+                baton.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def load_extension(verbose: bool = False) -> None:
     """Compile (first time only) and load the extension: its operators become
-    ``torch.ops.recurrl.<name>``. Idempotent and safe across threads and processes (torch's
-    build takes a file lock in the build directory).
+    ``torch.ops.recurrl.<name>``. Idempotent and safe across threads and processes, including
+    processes killed while they compile (:func:`build_lock`).
 
     Raises:
         RuntimeError: the extension cannot be built (no compiler or ``ninja``) or its build
@@ -145,15 +213,16 @@ def load_extension(verbose: bool = False) -> None:
         from torch.utils.cpp_extension import load
 
         try:
-            load(
-                name=EXTENSION_NAME,
-                sources=[str(s) for s in sources],
-                extra_cflags=list(_CFLAGS),
-                extra_ldflags=list(_LDFLAGS),
-                is_python_module=False,
-                build_directory=str(directory),
-                verbose=verbose,
-            )
+            with build_lock(directory):
+                load(
+                    name=EXTENSION_NAME,
+                    sources=[str(s) for s in sources],
+                    extra_cflags=list(_CFLAGS),
+                    extra_ldflags=list(_LDFLAGS),
+                    is_python_module=False,
+                    build_directory=str(directory),
+                    verbose=verbose,
+                )
         except Exception as exc:  # the build's own error carries the compiler output
             text = str(exc)
             tail = text[-_TAIL:]

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -120,3 +125,90 @@ def test_try_load_returns_the_failure_once_and_remembers_it(monkeypatch):
     assert calls == [1]  # no second build attempt in the process
     monkeypatch.setattr(_ext, "_loaded", True)
     assert _ext.try_load_extension() is None
+
+
+# ------------------------------------------------------------------ the build lock
+def test_a_torch_lock_file_left_by_a_killed_build_is_removed_before_building(
+    tmp_path, monkeypatch, capsys
+):
+    """torch's lock file only goes when its builder removes it: after a builder was killed,
+    every later load would wait on it forever. recurrl's lock says it is stale."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    directory = tmp_path / "build"
+    directory.mkdir()
+    (directory / "lock").touch()  # what a build killed mid-way leaves
+
+    def load(**kwargs):
+        assert not (directory / "lock").exists()  # torch would have waited on it forever
+        Path(kwargs["build_directory"], f"{_ext.EXTENSION_NAME}.so").write_bytes(b"")
+
+    monkeypatch.setattr(_ext, "_loaded", False)
+    monkeypatch.setattr(_ext, "extension_unavailable_reason", lambda: None)
+    monkeypatch.setenv("RECURRL_EXT_DIR", str(directory))
+    monkeypatch.setattr(cpp_extension, "load", load)
+    _ext.load_extension()
+    assert _ext.extension_loaded()
+    err = capsys.readouterr().err
+    assert "left by a build of its C++ kernels that was killed" in err
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock: POSIX only")
+def test_the_build_lock_is_released_when_its_holder_is_killed(tmp_path):
+    """A builder SIGKILLed while it holds the lock (a preempted node, a Ray worker replaced
+    mid-build) does not block the next one."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from recurrl._ext import build_lock\n"
+            "with build_lock(Path(sys.argv[1])):\n"
+            "    Path(sys.argv[1], 'lock').touch()  # as torch's build does\n"
+            "    print('held', flush=True); time.sleep(600)",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        holder.kill()
+        holder.wait(timeout=30)
+        done = threading.Event()
+
+        def acquire():
+            with _ext.build_lock(tmp_path):
+                done.set()
+
+        thread = threading.Thread(target=acquire, daemon=True)
+        thread.start()
+        assert done.wait(timeout=30), "the lock of a killed builder was not released"
+        assert not (tmp_path / "lock").exists()
+    finally:
+        holder.kill()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock: POSIX only")
+def test_a_second_builder_waits_for_a_live_one_and_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(_ext, "_WAIT_NOTICE_S", 0.1)
+    entered, release, order = threading.Event(), threading.Event(), []
+
+    def first():
+        with _ext.build_lock(tmp_path):
+            (tmp_path / "lock").touch()  # a live build's torch lock: not stale, kept
+            entered.set()
+            release.wait(timeout=30)
+            order.append("first")
+            (tmp_path / "lock").unlink()
+
+    thread = threading.Thread(target=first, daemon=True)
+    thread.start()
+    assert entered.wait(timeout=30)
+    threading.Timer(0.5, release.set).start()
+    with _ext.build_lock(tmp_path):
+        order.append("second")
+    thread.join(timeout=30)
+    assert order == ["first", "second"]
+    err = capsys.readouterr().err
+    assert "waiting for another process building its C++ kernels" in err
+    assert "removing" not in err
