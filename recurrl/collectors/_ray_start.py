@@ -29,20 +29,22 @@ class RayCollectorStart:
     class of it; it uses the collector's settings and bookkeeping).
 
     A remote collector is *active* once its actor started and its ``Collector`` was set
-    up; only active ones are asked for batches. With ``sync=False`` and a
-    ``placement_timeout``, those that have not started when it runs out (Ray cannot place
-    them: the cluster lacks the CPUs or other resources they ask for, or their env is slow
-    to build) are left *joining*: the collector goes on with the others (one warning) and
-    sets each joining one up as soon as Ray starts it (:meth:`_admit`), in the slot it was
-    given, so its trajectory ids never clash with another's and it starts new episodes.
-    With ``sync=True`` every batch holds every remote collector's share, so all of them
-    must start (within the start timeout), or the collector raises saying why.
+    up; only active ones are asked for batches. With a ``placement_timeout``, those that
+    have not started when it runs out (Ray cannot place them: the cluster lacks the CPUs or
+    other resources they ask for, or their env is slow to build) are left *joining*: the
+    collector goes on with the others (one warning) and sets each joining one up as soon as
+    Ray starts it (:meth:`_admit`), in the slot it was given, so its trajectory ids never
+    clash with another's and it starts new episodes. With ``sync=True`` the active ones
+    collect the shares of the missing ones too (a batch keeps its size and layout). A
+    replacement for a failed remote collector is left joining at once while another one
+    is active: the collection does not wait for its start-up.
     """
 
-    def _start(self, workers: list[_Worker]) -> None:
+    def _start(self, workers: list[_Worker], *, replacement: bool = False) -> None:
         """Create the actors of ``workers`` (their slots set), wait until they start, check
         their envs and set them up; with elasticity, those still not started are left
-        joining while another remote collector is active."""
+        joining while another remote collector is active (a ``replacement`` is not waited
+        for at all then)."""
         cls = remote_worker_class()
         began = time.monotonic()
         for w in workers:
@@ -52,8 +54,12 @@ class RayCollectorStart:
             self._resources.handles.append(w.handle)
             w.info_ref, w.info, w.active = w.handle.info.remote(), {}, False
         start_timeout = max(self.timeout, MIN_START_TIMEOUT)
-        elastic = not self.sync and self.placement_timeout is not None
+        elastic = self.placement_timeout is not None
         others = any(w.active for w in self._workers if w not in workers)
+        if elastic and replacement and others:  # it joins when Ray has started it
+            for w in workers:
+                w.joining_since = began
+            return
         first = min(self.placement_timeout, start_timeout) if elastic else start_timeout
         ready = self._wait_started(workers, first, everyone=True)
         if elastic and not ready and not others:  # nobody collects yet: wait for a first one
@@ -63,7 +69,7 @@ class RayCollectorStart:
         if late and not (elastic and (ready or others)):
             fix = "fewer workers or smaller remote_configs (num_cpus, ...), or a larger cluster"
             if not elastic:
-                fix += ", or sync=False (it goes on with the remote collectors that start)"
+                fix += ", or a placement_timeout (it goes on with the remote collectors that start)"
             raise RemoteCollectorError(
                 late[0].index,
                 f"did not start within {start_timeout:.0f} s (timeout); "
@@ -159,8 +165,15 @@ class RayCollectorStart:
         if not joining:
             return
         ready, _ = ray.wait(list(joining), num_returns=len(joining), timeout=0)
-        started = [joining[r] for r in ready]
-        self._setup(started)
+        started = []
+        for w in (joining[r] for r in ready):
+            try:
+                self._setup([w])
+            except RemoteCollectorError as err:  # died or failed while it was starting
+                w.info_ref = None
+                self._fault(w, err.reason, err.remote_traceback)
+                continue
+            started.append(w)
         for w in started:
             logger.info(
                 "RayCollector: remote collector %d started %.0f s late and collects now (%d "
@@ -171,5 +184,5 @@ class RayCollectorStart:
     @property
     def active_collectors(self) -> int:
         """How many remote collectors are collecting (``num_collectors`` unless some have
-        not started yet: ``sync=False`` with ``placement_timeout``)."""
+        not started yet: with a ``placement_timeout``, or a replacement starting)."""
         return sum(w.active for w in self._workers)

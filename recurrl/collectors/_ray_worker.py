@@ -294,11 +294,13 @@ class RemoteCollectorError(RuntimeError):
 
     Attributes:
         worker_id: index of the remote collector (``0 <= worker_id < num_collectors``).
+        reason: what happened to it, e.g. ``"failed to start."``.
         remote_traceback: the remote traceback text (or Ray's description of the death).
     """
 
     def __init__(self, worker_id: int, message: str, remote_traceback: str = "") -> None:
         self.worker_id = worker_id
+        self.reason = message
         self.remote_traceback = remote_traceback
         text = f"RayCollector: remote collector {worker_id} {message}"
         if remote_traceback:

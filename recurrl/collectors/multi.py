@@ -207,8 +207,9 @@ class MultiSyncCollector(_MultiCollector):
         max_weight_update_interval: as for ``RayCollector``.
         max_restarts: as for ``RayCollector``.
         timeout: as for ``RayCollector``.
-        placement_timeout: as for ``RayCollector`` (:class:`MultiAsyncCollector` goes on
-            with the workers that started; this class needs every worker).
+        placement_timeout: as for ``RayCollector``: after it, this class goes on with the
+            workers that started, which also collect the shares of the others (a batch
+            keeps its size), and :class:`MultiAsyncCollector` with their batches alone.
 
     Other reference arguments (``max_frames_per_traj``, ``postproc``, ``num_threads``,
     ...) raise ``TypeError`` naming what to do instead.

@@ -37,7 +37,7 @@ from recurrl.collectors._ray_driver import (
     _Resources,
     _Worker,
 )
-from recurrl.collectors._ray_start import SEED_STRIDE, RayCollectorStart
+from recurrl.collectors._ray_start import MIN_START_TIMEOUT, SEED_STRIDE, RayCollectorStart
 from recurrl.collectors._ray_state import RayCollectorState
 from recurrl.collectors._ray_wire import as_tensordict, unpack
 from recurrl.collectors._ray_worker import (
@@ -94,7 +94,8 @@ class RayCollector(RayCollectorStart, RayCollectorState):
         num_collectors: number of remote collectors. Default: ``len(create_env_fn)`` for a
             list, else 2.
         sync: ``True`` (default): each iteration yields one batch from every remote
-            collector, concatenated along the env dim (collector 0's envs first).
+            collector, concatenated along the env dim (collector 0's envs first; see
+            ``placement_timeout`` for when some are not active).
             ``False``: yield each remote collector's batch as soon as it is ready.
         ray_init_config: ``ray.init`` keyword arguments, used only when Ray is not
             initialized yet (an initialized Ray is used as is and left running). Without
@@ -136,18 +137,21 @@ class RayCollector(RayCollectorStart, RayCollectorState):
         timeout: seconds a remote collector may take for a batch (or a call) before it is
             treated as hung: killed, then replaced or reported. Start-up is given at least
             60 s.
-        placement_timeout: ``sync=False`` only: seconds to wait for every remote collector
-            (and every replacement) to start before going on with those that did (one
-            warning, naming how many and the resources they ask for). The others keep
-            waiting for Ray to place them (e.g. a node with free CPUs to join the cluster)
-            and collect from the moment they start, in their own slots (new episodes,
-            trajectory ids that clash with no other's): collection speeds up again.
-            Until a first one starts, the collector waits (up to the start timeout). ``None``:
-            wait for all of them, as ``sync=True`` always does (every batch holds every
-            remote collector's share of ``frames_per_batch``, so fewer collectors cannot
-            make the batch: after the start timeout it raises
-            :class:`RemoteCollectorError` naming what they ask for and what the cluster has
-            free). Default 60.
+        placement_timeout: seconds to wait for every remote collector to start before
+            going on with those that did (one warning, naming how many and the resources
+            they ask for). The others keep waiting for Ray to place them (e.g. a node with
+            free CPUs to join the cluster) and collect from the moment they start, in their
+            own slots (new episodes, trajectory ids that clash with no other's): collection
+            speeds up again. Until a first one starts, the collector waits (up to the start
+            timeout). A replacement for a failed remote collector is not waited for while
+            another one is active: it joins the same way. With ``sync=True`` a batch keeps
+            its size and layout meanwhile: the active remote collectors also collect the
+            shares of those not active, spread evenly over them (one collects two shares one
+            after the other, its envs going on), so the batch holds ``num_collectors``
+            shares of ``frames_per_batch / num_collectors`` frames as always. ``None``: wait
+            for all of them (after the start timeout it raises :class:`RemoteCollectorError`
+            naming what they ask for and what the cluster has free), and wait for each
+            replacement. Default 60.
 
     Examples:
         >>> import functools
@@ -266,6 +270,7 @@ class RayCollector(RayCollectorStart, RayCollectorState):
         self.policy = policy
         self.frames = 0
         self._yielded = 0  # batches (sync: rounds) yielded
+        self._in_batch = 0  # sync: shares taken for the batch being gathered
         self._version = 0
         self._seed: int | None = None
         self._restarts = 0
@@ -385,10 +390,12 @@ class RayCollector(RayCollectorStart, RayCollectorState):
         return math.ceil(self.total_frames / self.frames_per_batch)
 
     def _needed(self, w: _Worker) -> bool:
-        if self.sync:
-            return w.requested < self._batches_total()
+        # sync: a batch is num_collectors shares, whoever collects them (elasticity: an
+        # active remote collector collects the shares of those not started)
+        per_batch = self.num_collectors if self.sync else 1
         in_hand = sum(len(x.queue) + (x.pending is not None) for x in self._workers)
-        return self._yielded + in_hand < self._batches_total()
+        in_hand += self._in_batch
+        return self._yielded * per_batch + in_hand < self._batches_total() * per_batch
 
     def _submit(self, w: _Worker) -> None:
         interval = self.max_weight_update_interval
@@ -504,7 +511,7 @@ class RayCollector(RayCollectorStart, RayCollectorState):
         self.faults.append(f"{message}\n{remote_traceback}" if remote_traceback else message)
         logger.warning("%s", message)
         try:
-            self._start([w])
+            self._start([w], replacement=True)
         except RemoteCollectorError:
             self.shutdown()
             raise
@@ -544,19 +551,12 @@ class RayCollector(RayCollectorStart, RayCollectorState):
         return self.total_frames != -1 and self.frames >= self.total_frames
 
     def _iterate_sync(self) -> Iterator[TensorDictBase]:
-        workers = self._workers
         while not self._done():
             self._check_open()
-            for w in workers:
-                self._maybe_submit(w)
-            while True:
-                missing = [w for w in workers if not w.queue]
-                if not missing:
-                    break
-                self._wait_some(missing)
-            batches = [w.queue.popleft()[1] for w in workers]
+            self._admit()  # remote collectors that Ray placed late, replacements
+            shares = self._gather_shares()
             try:
-                data = unpack(batches)  # one copy of each entry, out of the object store
+                data = unpack(shares)  # one copy of each entry, out of the object store
             except ValueError as err:
                 raise RuntimeError(
                     f"RayCollector: the batches of the remote collectors cannot be "
@@ -569,6 +569,65 @@ class RayCollector(RayCollectorStart, RayCollectorState):
             yield data
             if self.update_after_each_batch and not self._done():
                 self.update_policy_weights_()
+
+    def _gather_shares(self) -> list[Any]:
+        """The ``num_collectors`` shares of one sync batch, in remote-collector order. With
+        every remote collector active: one from each. Otherwise (not started yet, or a
+        replacement starting) the active ones collect the missing shares too, spread evenly
+        (each collects its shares one after the other, going on with its own envs)."""
+        workers = self._workers
+        taken: dict[int, list[Any]] = {w.index: [] for w in workers}
+
+        def take(w: _Worker) -> None:
+            taken[w.index].append(w.queue.popleft()[1])
+            self._in_batch += 1
+
+        try:
+            while True:
+                self._check_open()
+                for w in workers:  # shares received before their collector failed: kept
+                    while not w.active and w.queue and self._in_batch < self.num_collectors:
+                        take(w)
+                active = [w for w in workers if w.active]
+                if not active:
+                    self._wait_joining()
+                    continue
+                # the shares still missing, each to the active one with the fewest so far
+                target = {w.index: len(taken[w.index]) for w in active}
+                for _ in range(self.num_collectors - self._in_batch):
+                    target[min(active, key=lambda w: (target[w.index], w.index)).index] += 1
+                for w in active:
+                    while w.queue and len(taken[w.index]) < target[w.index]:
+                        take(w)
+                short = [w for w in active if len(taken[w.index]) < target[w.index]]
+                if not short:
+                    return [share for w in workers for share in taken[w.index]]
+                for w in short:
+                    if w.pending is None and self._needed(w):
+                        self._submit(w)
+                self._wait_some([w for w in short if w.pending is not None])
+        finally:
+            self._in_batch = 0
+
+    def _wait_joining(self) -> None:
+        """No remote collector is active (all of them replaced at once, say): wait for a
+        joining one to start (the start timeout), then set it up."""
+        joining = {w.info_ref: w for w in self._workers if not w.active and w.info_ref}
+        start_timeout = max(self.timeout, MIN_START_TIMEOUT)
+        if joining:
+            ready = self._wait_started(list(joining.values()), start_timeout, everyone=False)
+            if ready:
+                self._admit()
+                return
+        late = next(iter(joining.values()), self._workers[0])
+        error = RemoteCollectorError(
+            late.index,
+            f"did not start within {start_timeout:.0f} s (timeout), and no other remote "
+            f"collector is active; {self._placement_hint(list(joining.values()))}. Fix: fewer "
+            f"workers or smaller remote_configs (num_cpus, ...), or a larger cluster.",
+        )
+        self.shutdown()
+        raise error
 
     def _iterate_async(self) -> Iterator[TensorDictBase]:
         workers = self._workers

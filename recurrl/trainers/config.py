@@ -273,9 +273,11 @@ class RunConfig:
     s ends the run instead (an env that crashes at once is not restarted in a loop); None: no
     rate limit."""
     placement_timeout_s: float | None = 60.0
-    """With --collector ray and DQN (asynchronous workers): seconds to wait for every Ray worker
-    to start before training with those that did (a cluster short of CPUs); the others join
-    when Ray places them. None: wait for all. PPO's batches need every worker: it waits."""
+    """With --collector ray: seconds to wait for every Ray worker to start before training
+    with those that did (a cluster short of CPUs); the others join when Ray places them, and
+    a replacement for a dead worker joins the same way instead of holding up collection.
+    PPO's batches keep their size meanwhile: the started workers also collect the missing
+    ones' shares. None: wait for all (and for every replacement)."""
     resume_on_failure: int = 0
     """Run the training in a child process and, when it dies (killed, or an internal error),
     resume it from its last checkpoint up to this many times (0: no child, no restarts)."""

@@ -449,6 +449,7 @@ def test_set_seed_distinct_and_reproducible_per_worker(ray_session):
         total_frames=16,
         max_restarts=1,
         update_after_each_batch=True,  # no prefetch: the kill hits the next request
+        placement_timeout=None,  # the replacement collects the lost share itself
     ) as collector:
         assert collector.set_seed(7) == 7
         it = iter(collector)
@@ -496,6 +497,7 @@ def test_killed_actor_is_replaced_with_new_ids(ray_session, fail_after, caplog):
             num_collectors=2,
             max_restarts=1,
             update_after_each_batch=True,  # no prefetch: the kill hits the next request
+            placement_timeout=None,  # the replacement collects the lost share itself
         ) as collector,
     ):
         batches = []
@@ -552,7 +554,8 @@ def test_hanging_env_is_replaced_when_restarts_are_allowed(ray_session, fail_aft
     with (
         fail_after(120),
         RayCollector(
-            [hang_once, make_env], frames_per_batch=8, total_frames=16, timeout=2, max_restarts=1
+            [hang_once, make_env], frames_per_batch=8, total_frames=16, timeout=2, max_restarts=1,
+            placement_timeout=None,  # the replacement collects the lost share itself
         ) as collector,
     ):
         batches = list(collector)
