@@ -42,7 +42,14 @@ from typing import Any
 
 from recurrl.modules.registry import FEED_FORWARD, memory_names
 from recurrl.trainers.errors import UsageError
-from recurrl.trainers.suites import SUITES, Suite, recipe_for, register_suite, suite_frames
+from recurrl.trainers.suites import (
+    SUITES,
+    Suite,
+    memory_recipe_for,
+    recipe_for,
+    register_suite,
+    suite_frames,
+)
 from recurrl.trainers.sweep import (
     _add_run_options,
     _execute,
@@ -438,10 +445,15 @@ def _bench_summary(args: argparse.Namespace, suite: Suite, memories: list[str],
         if r is not None:
             recipes[r.name] = {"options": list(r.train_options("ppo")), "returns": r.returns,
                                "source": r.source}  # fmt: skip
+    memory_recipes = {}
+    for memory in memories:
+        m = memory_recipe_for(memory)
+        if m is not None and m.train_options("ppo"):
+            memory_recipes[memory] = {"options": list(m.train_options("ppo")), "source": m.source}
     return {
         "suite": suite.name, "command": _command(args, suite, memories), "tasks": list(suite.tasks),
         "memories": memories, "seeds": seeds, "eval_episodes": args.eval_episodes,
         "success": SUCCESS, "cells": rows, "aggregate": totals, "plots": plots,
-        "notes": notes, "recipes": recipes,
+        "notes": notes, "recipes": recipes, "memory_recipes": memory_recipes,
         "source": None if suite.name not in SUITES else suite.source,
     }  # fmt: skip

@@ -124,6 +124,12 @@ def _report(s: dict[str, Any]) -> str:
     for name, r in s["recipes"].items():
         options = " ".join(r["options"]) or "(the defaults)"
         lines.append(f"| {name} | `{options}` | {r['returns']} | {r['source']} |")
+    if s.get("memory_recipes"):  # summaries written before memory recipes have none
+        lines += ["", "Memory models with a recipe of their own (over the family's, under the "
+                  "options after `--`):", "", "| memory | `recurrl train` options | source |",
+                  "|---|---|---|"]  # fmt: skip
+        for name, r in s["memory_recipes"].items():
+            lines.append(f"| {name} | `{' '.join(r['options'])}` | {r['source']} |")
     lines += ["", "## Definitions", "", DEFINITIONS.format(success=s["success"]), ""]
     lines += [*s["notes"], ""] if s["notes"] else []
     return "\n".join(lines)

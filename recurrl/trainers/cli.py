@@ -59,7 +59,7 @@ from recurrl.trainers.evaluate import CONFIG, evaluate, load_config, require_che
 from recurrl.trainers.export import add_export_parser, run_export
 from recurrl.trainers.plugins import load_plugins
 from recurrl.trainers.run_lock import lock_run_dir
-from recurrl.trainers.suites import Recipe, recipe_for
+from recurrl.trainers.suites import memory_recipe_for, recipe_for
 from recurrl.trainers.supervisor import failure_report, in_child, kill_hook, supervise
 from recurrl.trainers.sweep import add_sweep_parser, run_sweep, split_train_argv
 
@@ -227,7 +227,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if saved and algo != saved["algo"]:  # before the merge: the sections would not fit
         raise UsageError(_conflict_message(resume, [("algo", saved["algo"], algo)]))
     data["algo"] = algo
-    recipe, defaults = (None, {}) if saved else _recipe_defaults(options, data, algo)
+    recipes = [] if saved else _recipe_defaults(options, data, algo)
+    defaults = {k: v for _, taken in recipes for k, v in taken.items()}  # the memory's last
     options = {**defaults, **options}  # a resumed run keeps its saved (resolved) values
     top = {f.name for f in dataclasses.fields(TrainConfig)} - SECTIONS.keys()  # algo
     for dest, value in options.items():
@@ -259,28 +260,42 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     try:
         return TrainConfig.from_dict(data)
     except (TypeError, ValueError) as err:  # the config's own checks: the user's options
-        note = f" (with the {recipe.name} recipe's defaults: {_shown_all(defaults)})" if (
-            recipe and defaults) else ""  # fmt: skip
+        note = "".join(f" (with {who}'s defaults: {_shown_all(taken)})" for who, taken in recipes)
         raise UsageError(f"{err}{note}") from err
 
 
 def _recipe_defaults(
     options: dict[str, Any], data: dict[str, Any], algo: str
-) -> tuple[Recipe | None, dict[str, Any]]:
-    """The recipe of the run's env family (:func:`~recurrl.trainers.suites.recipe_for`) and
-    its options for ``algo`` that the command line does not set (argparse dest -> value)."""
-    recipe = recipe_for(options.get(f"env{_SEP}env", data["env"]["env"]))
-    argv = recipe.train_options(algo) if recipe is not None else ()
-    if recipe is None or not argv:
-        return recipe, {}
-    try:
-        parsed = vars(build_parser().parse_args(["train", *argv]))
-    except SystemExit as err:  # argparse printed what is wrong
-        raise UsageError(
-            f"the {recipe.name} recipe's options {' '.join(argv)} are not valid `recurrl "
-            f"train` options (above). Fix: correct its register_recipe call."
-        ) from err
-    return recipe, {k: v for k, v in parsed.items() if _SEP in k and k not in options}
+) -> list[tuple[str, dict[str, Any]]]:
+    """The defaults a new run takes from recipes, as ``[(whose, {argparse dest: value})]``:
+    the recipe of its env family (:func:`~recurrl.trainers.suites.recipe_for`), then that of
+    its memory model (:func:`~recurrl.trainers.suites.memory_recipe_for`), each without the
+    options the command line sets; the memory's win where both set one."""
+    env_id = options.get(f"env{_SEP}env", data["env"]["env"])
+    memory = options.get(f"model{_SEP}memory", data["model"]["memory"])
+    found = []
+    family, model = recipe_for(env_id), memory_recipe_for(memory)
+    if family is not None:
+        found.append((f"the {family.name} recipe", family.train_options(algo), "register_recipe"))
+    if model is not None:
+        found.append(
+            (f"the {memory} memory recipe", model.train_options(algo), "register_memory_recipe")
+        )
+    taken = []
+    for who, argv, register in found:
+        if not argv:
+            continue
+        try:
+            parsed = vars(build_parser().parse_args(["train", *argv]))
+        except SystemExit as err:  # argparse printed what is wrong
+            raise UsageError(
+                f"{who}'s options {' '.join(argv)} are not valid `recurrl train` options "
+                f"(above). Fix: correct its {register} call."
+            ) from err
+        chosen = {k: v for k, v in parsed.items() if _SEP in k and k not in options}
+        if chosen:
+            taken.append((who, chosen))
+    return taken
 
 
 def _shown_all(options: dict[str, Any]) -> str:
@@ -288,13 +303,13 @@ def _shown_all(options: dict[str, Any]) -> str:
 
 
 def _say_recipe(args: argparse.Namespace, cfg: TrainConfig) -> None:
-    """One line naming the per-env defaults a new run took from its family's recipe."""
-    data = {"env": {"env": cfg.env.env}}
-    recipe, defaults = _recipe_defaults(vars(args), data, cfg.algo)
-    if recipe is not None and defaults:
+    """One line per recipe a new run took defaults from (its env family's, its memory's)."""
+    data = {"env": {"env": cfg.env.env}, "model": {"memory": cfg.model.memory}}
+    for who, taken in _recipe_defaults(vars(args), data, cfg.algo):
+        subject = f"--memory {cfg.model.memory}" if " memory recipe" in who else cfg.env.env
         print(
-            f"recurrl train: {cfg.env.env} takes the {recipe.name} recipe's defaults: "
-            f"{_shown_all(defaults)} (options given on the command line win)",
+            f"recurrl train: {subject} takes {who}'s defaults: {_shown_all(taken)} (options "
+            f"given on the command line win)",
             file=sys.stderr, flush=True,
         )  # fmt: skip
 

@@ -10,11 +10,14 @@ import pytest
 from recurrl.trainers import suites
 from recurrl.trainers.cli import _say_recipe, build_parser
 from recurrl.trainers.suites import (
+    MEMORY_RECIPES,
     RECIPES,
     SUITES,
+    MemoryRecipe,
     Recipe,
     Suite,
     recipe_for,
+    register_memory_recipe,
     register_recipe,
     register_suite,
     suite_frames,
@@ -122,3 +125,48 @@ def test_env_help_says_families_have_defaults():
     train = build_parser()._subparsers._group_actions[0].choices["train"]
     env = next(a for a in train._actions if "--env" in a.option_strings)
     assert "recipe" in env.help and "RECIPES" in env.help
+
+
+# ------------------------------------------------------------------ memory recipes
+def test_the_transformer_trains_with_its_own_recipe_over_the_familys():
+    cart = parse_train("--memory", "transformer")
+    assert (cart.ppo.lr, cart.ppo.epochs, cart.ppo.reward_scale) == (0.002, 4, 0.1)
+    pop = parse_train("--env", POPGYM, "--memory", "transformer")  # both recipes apply
+    assert (pop.ppo.lr, pop.ppo.epochs, pop.ppo.reward_scale, pop.ppo.obs_scale) == (
+        0.002, 4, 1.0, 1.0,
+    )  # fmt: skip
+    mine = parse_train("--memory", "transformer", "--lr", "0.01")  # the user's option wins
+    assert (mine.ppo.lr, mine.ppo.epochs) == (0.01, 4)
+    gru = parse_train("--memory", "gru")  # no recipe: the defaults
+    assert (gru.ppo.lr, gru.ppo.epochs) == (0.005, 8)
+    dqn = parse_train("--algo", "dqn", "--memory", "transformer")  # no dqn entry
+    assert dqn.dqn.lr == parse_train("--algo", "dqn").dqn.lr
+
+
+def test_the_memory_recipe_wins_where_both_set_an_option(monkeypatch):
+    monkeypatch.setitem(MEMORY_RECIPES, "gru", MemoryRecipe("gru", {"ppo": ("--obs-scale", "3")},
+                                                            "test"))  # fmt: skip
+    cfg = parse_train("--env", POPGYM, "--memory", "gru")
+    assert (cfg.ppo.obs_scale, cfg.ppo.reward_scale) == (3.0, 1.0)
+    assert parse_train("--env", POPGYM, "--memory", "gru", "--obs-scale", "5").ppo.obs_scale == 5
+
+
+def test_a_new_run_names_the_memory_recipe_it_takes(capsys):
+    argv = ["--env", POPGYM, "--memory", "transformer", "--epochs", "2"]
+    _say_recipe(build_parser().parse_args(["train", *argv]), parse_train(*argv))
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and "popgym recipe" in lines[0], lines
+    assert lines[1].startswith("recurrl train: --memory transformer takes the transformer "
+                               "memory recipe's defaults: --lr 0.002 (")  # fmt: skip
+
+
+def test_memory_recipes_refuse_bad_entries_and_bad_options(monkeypatch):
+    with pytest.raises(ValueError, match=r"set \['--frames'\].*Fix: drop"):
+        MemoryRecipe("x", {"ppo": ("--frames", "10")}, "test")
+    with pytest.raises(ValueError, match="has a recipe already"):
+        register_memory_recipe(MEMORY_RECIPES["transformer"])
+    monkeypatch.setitem(MEMORY_RECIPES, "gru", MemoryRecipe("gru", {"ppo": ("--nope",)}, "t"))
+    from recurrl.trainers.errors import UsageError
+
+    with pytest.raises(UsageError, match="the gru memory recipe's options --nope are not valid"):
+        parse_train("--memory", "gru")
