@@ -5,7 +5,10 @@ The fault targets of the cluster guide (docs/guides/cluster.md):
 * ``--fault workers``: a Ray worker killed every ~P seconds for the whole run (PPO on
   CartPole-masked with 4 workers, P = 10 s);
 * ``--fault replay``: DQN's replay buffer actor killed once, when the run reaches
-  ``--kill-at`` frames.
+  ``--kill-at`` frames;
+* ``--fault learner``: ``recurrl train --resume-on-failure`` (local collection) whose
+  training process is killed ``--kills`` times (default 2), each ~P seconds after it
+  started; the run must end complete, with a ``metrics.csv`` without gap or duplicate frames.
 
 The run must complete without a person, learn as an undisturbed run does (greedy evaluation
 on unseen episodes) and leave no process behind. Each seed is one run in a child process
@@ -20,6 +23,7 @@ shutdown returns): any process whose parent chain leads to the child, and any ``
     python benchmarks/faults.py --fault workers --seeds 0-4 -- --workers 4 \
         --max-restarts 1000 --max-restarts-per-minute 20
     python benchmarks/faults.py --fault replay --algo dqn --seeds 0-4 -- --workers 2
+    python benchmarks/faults.py --fault learner --period 12 --seeds 0-4
 
 (A kill every ~10 s exceeds `recurrl train`'s default budget of 3 replacements per run and
 its rate limit of 5 a minute: the first command raises both, as a user expecting that many
@@ -147,6 +151,30 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _kill_learner(
+    supervisor: subprocess.Popen, period: float, kills: int, done: list[tuple[float, int]]
+) -> None:
+    """SIGKILL the training process that ``supervisor`` (``recurrl train
+    --resume-on-failure``) runs, ``period`` seconds after each one started, ``kills`` times."""
+    start, seen = time.monotonic(), set()
+    while len(done) < kills and supervisor.poll() is None:
+        children = [pid for pid, (parent, _) in _processes().items() if parent == supervisor.pid]
+        fresh = [pid for pid in children if pid not in seen]
+        if not fresh:
+            time.sleep(0.2)
+            continue
+        pid = fresh[0]
+        seen.add(pid)
+        time.sleep(period)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue  # it finished first
+        done.append((time.monotonic() - start, pid))
+        print(f"faults: SIGKILL to the training process pid {pid} (kill {len(done)})",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+
 def _seeds(text: list[str]) -> list[int]:
     seeds: list[int] = []
     for part in text:
@@ -162,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         split = argv.index("--")
         argv, train_argv = argv[:split], argv[split + 1 :]
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--fault", choices=["workers", "replay"], default="workers")
+    parser.add_argument("--fault", choices=["workers", "replay", "learner"], default="workers")
+    parser.add_argument("--kills", type=int, default=2, help="learner: times it is killed")
     parser.add_argument("--seeds", nargs="+", default=["0-4"])
     parser.add_argument("--period", type=float, default=10.0, help="mean seconds between kills")
     parser.add_argument("--kill-at", type=int, default=50_000, help="replay: frame of the kill")
@@ -190,10 +219,25 @@ def main(argv: list[str] | None = None) -> int:
             *("--run-dir", str(run_dir), "--quiet", "--no-plot", "--no-tensorboard"),
             *("--eval-episodes", "0", *train_argv),
         ]
+        if args.fault == "learner":  # the supervisor itself runs in the child process
+            cmd = [
+                *(sys.executable, "-m", "recurrl", "train", "--algo", args.algo),
+                *("--seed", str(seed), "--run-dir", str(run_dir), "--quiet", "--no-plot"),
+                *("--no-tensorboard", "--eval-episodes", "0"),
+                *("--resume-on-failure", str(args.kills + 1), *train_argv),
+            ]
         start = time.monotonic()
         proc = subprocess.Popen(cmd)
+        if args.fault == "learner":
+            learner_kills: list[tuple[float, int]] = []
+            threading.Thread(
+                target=_kill_learner, args=(proc, args.period, args.kills, learner_kills),
+                daemon=True,
+            ).start()  # fmt: skip
         code = proc.wait()
         wall = time.monotonic() - start
+        if args.fault == "learner":
+            result.write_text(json.dumps({"code": code, "kills": learner_kills}))
         deadline = time.monotonic() + 60.0  # Ray's processes exit after its shutdown returns
         while True:
             left = sorted((_ray_pids() - before) | set(_descendants(proc.pid)))
@@ -210,13 +254,21 @@ def main(argv: list[str] | None = None) -> int:
             with open(run_dir / "metrics.csv") as f:
                 last = f.read().strip().splitlines()
             header, final = last[0].split(","), last[-1].split(",")
-            column = "worker_restarts" if args.fault == "workers" else "replay_restarts"
-            restarts = final[header.index(column)]
+            if args.fault == "learner":
+                frames = [int(row.split(",")[header.index("frames")]) for row in last[1:]]
+                step = frames[0]
+                restarts = "no gap or duplicate" if frames == [step * (i + 1) for i in range(
+                    len(frames))] else f"GAP OR DUPLICATE: {frames}"  # fmt: skip
+            else:
+                column = "worker_restarts" if args.fault == "workers" else "replay_restarts"
+                restarts = final[header.index(column)]
         rows.append((seed, code, len(kills), restarts, greedy, wall, left))
         print(f"seed {seed}: exit {code}, {len(kills)} kills, restarts {restarts}, "
               f"greedy {greedy:.1f}, {wall:.0f} s, processes left: {left or 'none'}",
               flush=True)  # fmt: skip
-    column = "worker_restarts" if args.fault == "workers" else "replay_restarts"
+    column = {"workers": "worker_restarts", "replay": "replay_restarts"}.get(
+        args.fault, "metrics.csv frames"
+    )
     print(f"\n| seed | exit | kills | {column} | greedy (mean of "
           f"{args.eval_episodes}) | wall | processes left |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
