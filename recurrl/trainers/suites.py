@@ -47,6 +47,21 @@ __all__ = [
 ]
 
 
+#: options a run sets itself, never a recipe
+_RUN_OWN = ("--env", "--memory", "--frames", "--seed", "--run-dir", "--resume")
+
+
+def _check_options(owner: str, options: Mapping[str, tuple[str, ...]]) -> None:
+    """Refuse recipe ``options`` that set what belongs to a run (:data:`_RUN_OWN`)."""
+    for algo, argv in options.items():
+        bad = [a for a in argv if a.split("=")[0] in _RUN_OWN]
+        if bad:
+            raise ValueError(
+                f"{owner}: the {algo} options set {bad}, which a run sets itself. Fix: drop "
+                f"them from the recipe."
+            )
+
+
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """The training defaults of a family of tasks.
@@ -70,14 +85,7 @@ class Recipe:
     source: str
 
     def __post_init__(self) -> None:
-        own = {"--env", "--memory", "--frames", "--seed", "--run-dir", "--resume"}
-        for algo, argv in self.options.items():
-            bad = [a for a in argv if a.split("=")[0] in own]
-            if bad:
-                raise ValueError(
-                    f"Recipe {self.name!r}: the {algo} options set {bad}, which a run sets "
-                    f"itself. Fix: drop them from the recipe."
-                )
+        _check_options(f"Recipe {self.name!r}", self.options)
         if self.returns is not None and not self.returns[0] < self.returns[1]:
             raise ValueError(
                 f"Recipe {self.name!r}: returns must be (low, high) with low < high, "
@@ -190,14 +198,7 @@ class MemoryRecipe:
     source: str
 
     def __post_init__(self) -> None:
-        own = {"--env", "--memory", "--frames", "--seed", "--run-dir", "--resume"}
-        for algo, argv in self.options.items():
-            bad = [a for a in argv if a.split("=")[0] in own]
-            if bad:
-                raise ValueError(
-                    f"MemoryRecipe {self.memory!r}: the {algo} options set {bad}, which a run "
-                    f"sets itself. Fix: drop them from the recipe."
-                )
+        _check_options(f"MemoryRecipe {self.memory!r}", self.options)
 
     def train_options(self, algo: str) -> tuple[str, ...]:
         """The ``recurrl train`` options of ``algo`` (empty: the other defaults)."""

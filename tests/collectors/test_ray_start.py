@@ -44,6 +44,17 @@ def _leave_two_cpus() -> tuple[int, object]:
     return free, hog
 
 
+def _release(collector, hog, free: int) -> None:
+    """Shut ``collector`` down and free the hog's CPUs; wait until the cluster has its
+    ``free`` CPUs back, so the next tests find it as it was."""
+    if collector is not None:
+        collector.shutdown()
+    ray.kill(hog, no_restart=True)
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("CPU", 0) < free and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 @pytest.mark.parametrize("value", [-1, "soon", True])
 def test_placement_timeout_is_checked_before_ray_starts(value):
     with pytest.raises(ValueError, match="placement_timeout None or a number of seconds >= 0"):
@@ -111,12 +122,7 @@ def test_fewer_workers_than_asked_collect_and_the_missing_one_joins_when_placed(
             assert not set(ids.unique().tolist()) & seen
             seen |= set(ids.unique().tolist())
     finally:
-        if collector is not None:
-            collector.shutdown()
-        ray.kill(hog, no_restart=True)
-    deadline = time.monotonic() + 30
-    while ray.available_resources().get("CPU", 0) < free and time.monotonic() < deadline:
-        time.sleep(0.2)  # the next tests find the cluster as it was
+        _release(collector, hog, free)
 
 
 def test_sync_without_placement_timeout_needs_every_worker_and_says_what_cannot_be_placed(
@@ -192,12 +198,7 @@ def test_sync_goes_on_with_the_workers_that_started_and_keeps_the_batch(
             check_batches_contract(shares, lstm, ids_from_zero=False)
             assert (torch.cat(shares, dim=1)["collector", "traj_ids"] % 3 == worker).all()
     finally:
-        if collector is not None:
-            collector.shutdown()
-        ray.kill(hog, no_restart=True)
-    deadline = time.monotonic() + 30
-    while ray.available_resources().get("CPU", 0) < free and time.monotonic() < deadline:
-        time.sleep(0.2)
+        _release(collector, hog, free)
 
 
 def _slow_to_build_after(marker: str):
