@@ -181,6 +181,26 @@ class RayCollectorStart:
                 sum(x.active for x in self._workers), self.num_collectors,
             )  # fmt: skip
 
+    def _wait_joining(self) -> None:
+        """No remote collector is active (all of them replaced at once, say): wait for a
+        joining one to start (the start timeout), then set it up."""
+        joining = {w.info_ref: w for w in self._workers if not w.active and w.info_ref}
+        start_timeout = max(self.timeout, MIN_START_TIMEOUT)
+        if joining:
+            ready = self._wait_started(list(joining.values()), start_timeout, everyone=False)
+            if ready:
+                self._admit()
+                return
+        late = next(iter(joining.values()), self._workers[0])
+        error = RemoteCollectorError(
+            late.index,
+            f"did not start within {start_timeout:.0f} s (timeout), and no other remote "
+            f"collector is active; {self._placement_hint(list(joining.values()))}. Fix: fewer "
+            f"workers or smaller remote_configs (num_cpus, ...), or a larger cluster.",
+        )
+        self.shutdown()
+        raise error
+
     @property
     def active_collectors(self) -> int:
         """How many remote collectors are collecting (``num_collectors`` unless some have

@@ -37,7 +37,7 @@ from recurrl.collectors._ray_driver import (
     _Resources,
     _Worker,
 )
-from recurrl.collectors._ray_start import MIN_START_TIMEOUT, SEED_STRIDE, RayCollectorStart
+from recurrl.collectors._ray_start import SEED_STRIDE, RayCollectorStart
 from recurrl.collectors._ray_state import RayCollectorState
 from recurrl.collectors._ray_wire import as_tensordict, unpack
 from recurrl.collectors._ray_worker import (
@@ -608,26 +608,6 @@ class RayCollector(RayCollectorStart, RayCollectorState):
                 self._wait_some([w for w in short if w.pending is not None])
         finally:
             self._in_batch = 0
-
-    def _wait_joining(self) -> None:
-        """No remote collector is active (all of them replaced at once, say): wait for a
-        joining one to start (the start timeout), then set it up."""
-        joining = {w.info_ref: w for w in self._workers if not w.active and w.info_ref}
-        start_timeout = max(self.timeout, MIN_START_TIMEOUT)
-        if joining:
-            ready = self._wait_started(list(joining.values()), start_timeout, everyone=False)
-            if ready:
-                self._admit()
-                return
-        late = next(iter(joining.values()), self._workers[0])
-        error = RemoteCollectorError(
-            late.index,
-            f"did not start within {start_timeout:.0f} s (timeout), and no other remote "
-            f"collector is active; {self._placement_hint(list(joining.values()))}. Fix: fewer "
-            f"workers or smaller remote_configs (num_cpus, ...), or a larger cluster.",
-        )
-        self.shutdown()
-        raise error
 
     def _iterate_async(self) -> Iterator[TensorDictBase]:
         workers = self._workers

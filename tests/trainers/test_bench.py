@@ -117,6 +117,12 @@ def test_the_report_end_to_end_from_finished_runs(tmp_path, capsys):
     assert s["aggregate"]["gru"]["greedy_score"]["mean"] == pytest.approx((475 / 500 + 0.75) / 2)
     report = (out / "report.md").read_text()
     assert "| gru | 0.55 [" in report and "| CartPole-masked | 2k | 300.00 | 100.00 |" in report
+    assert s["memory_recipes"] == {} and "Memory models with a recipe" not in report
+    # a memory with a recipe of its own is listed under the families' recipes
+    from recurrl.trainers.bench_report import _report
+
+    s["memory_recipes"] = {"transformer": {"options": ["--lr", "0.002"], "source": "a test"}}
+    assert "| transformer | `--lr 0.002` | a test |" in _report(s)
     assert "MMER" in report and "rliable" in report and "--tasks CartPole-masked" in report
     if s["plots"]:  # matplotlib installed
         assert (out / s["plots"]["CartPole-masked"]).is_file()
