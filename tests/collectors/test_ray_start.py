@@ -81,22 +81,29 @@ def test_fewer_workers_than_asked_collect_and_the_missing_one_joins_when_placed(
             assert collector.active_collectors in (1, 2)
             lines = [r.getMessage() for r in caplog.records if "did not start" in r.getMessage()]
             assert len(lines) == 1, lines
-            late = 3 - collector.active_collectors
-            assert f"{late} of 3 remote collectors (" in lines[0] and "2)" in lines[0]
+            missing = ", ".join(str(w.index) for w in collector._workers if not w.active)
+            assert (
+                f"{3 - collector.active_collectors} of 3 remote collectors ({missing})"
+                in (lines[0])
+            )
             assert "did not start within placement_timeout=20 s" in lines[0]
             assert "'num_cpus': 1" in lines[0] and "Collecting with the " in lines[0]
             batches = iter(collector)
             got = [next(batches) for _ in range(2)]
             while len({int(b["collector", "worker_id"][0, 0]) for b in got}) < 2:
                 got.append(next(batches))  # first come, first served: until both delivered
-            assert {int(b["collector", "worker_id"][0, 0]) for b in got} == {0, 1}
+            started = {int(b["collector", "worker_id"][0, 0]) for b in got}
+            assert len(started) == 2  # which one Ray left out is its choice
+            (late,) = {0, 1, 2} - started
             assert collector.active_collectors == 2
             saved = collector.state_dict()  # the one not started has no collector state yet
-            assert [w["collector"] is None for w in saved["workers"]] == [False, False, True]
+            assert [w["collector"] is None for w in saved["workers"]] == [
+                w == late for w in range(3)
+            ]
             ray.kill(hog, no_restart=True)  # CPUs come back: Ray places the third
             while True:
                 got.append(next(batches))
-                if int(got[-1]["collector", "worker_id"][0, 0]) == 2:
+                if int(got[-1]["collector", "worker_id"][0, 0]) == late:
                     break
             for _ in range(6):  # a few more, so that each worker has several batches
                 got.append(next(batches))
@@ -111,7 +118,7 @@ def test_fewer_workers_than_asked_collect_and_the_missing_one_joins_when_placed(
         per_worker: dict[int, list] = {}
         for b in got:
             per_worker.setdefault(int(b["collector", "worker_id"][0, 0]), []).append(b)
-        first = per_worker[2][0]
+        first = per_worker[late][0]
         assert first["is_init"][:, 0].all()  # new episodes
         seen: set[int] = set()
         for worker, batches_of in per_worker.items():
@@ -161,8 +168,9 @@ def test_sync_goes_on_with_the_workers_that_started_and_keeps_the_batch(
     ``placement_timeout`` the started ones collect the missing one's share too (spread
     evenly), so every batch keeps its 3 shares of 2 envs x T steps; each collector's shares,
     in order, keep the collector contract (a second share in a batch continues the first's
-    episodes and hidden states). When the CPUs come back the third joins: new episodes in
-    its own slot, and from then on one share each."""
+    episodes and hidden states). Which collector is left out is Ray's choice. When the CPUs
+    come back the missing one joins: new episodes in its own slot, and from then on one share
+    each."""
     free, hog = _leave_two_cpus()
     lstm, policy = make_policy()
     collector = None
@@ -179,11 +187,14 @@ def test_sync_goes_on_with_the_workers_that_started_and_keeps_the_batch(
             for batch in got:
                 assert batch.batch_size == (6, T)
                 owners = [_worker(share) for share in _shares(batch)]
-                assert 2 not in owners and owners == sorted(owners)
+                # 2 CPUs: never 3 collectors at once (which one Ray left out is its choice)
+                assert len(set(owners)) <= 2 and owners == sorted(owners)
                 counts = [owners.count(w) for w in set(owners)]
                 assert max(counts) - min(counts) <= 1  # spread evenly
-            ray.kill(hog, no_restart=True)  # CPUs come back: Ray places the third
-            while 2 not in [_worker(share) for share in _shares(got[-1])]:
+            late = {0, 1, 2} - {_worker(share) for share in _shares(got[0])}
+            assert late
+            ray.kill(hog, no_restart=True)  # CPUs come back: Ray places the missing one
+            while len({_worker(share) for share in _shares(got[-1])}) < 3:
                 got.append(next(batches))
             got += [next(batches) for _ in range(2)]
         assert collector.active_collectors == 3
@@ -193,7 +204,8 @@ def test_sync_goes_on_with_the_workers_that_started_and_keeps_the_batch(
             assert batch.batch_size == (6, T)
             for share in _shares(batch):
                 per_worker.setdefault(_worker(share), []).append(share)
-        assert per_worker[2][0]["is_init"][:, 0].all()  # new episodes
+        for worker in late:
+            assert per_worker[worker][0]["is_init"][:, 0].all()  # new episodes
         for worker, shares in per_worker.items():
             check_batches_contract(shares, lstm, ids_from_zero=False)
             assert (torch.cat(shares, dim=1)["collector", "traj_ids"] % 3 == worker).all()
