@@ -36,6 +36,7 @@ import torch
 from gymnasium import spaces
 from tensordict.nn import TensorDictModule as Mod
 from torch import nn
+from torch.nn import functional as F
 
 __all__ = [
     "IMAGE_ENCODERS",
@@ -46,6 +47,7 @@ __all__ = [
     "InputEncoder",
     "NetworkInputs",
     "ObsInputs",
+    "OneHotImageEncoder",
     "add_image_encoder",
     "image_encoder",
     "inputs_vector_env",
@@ -285,6 +287,23 @@ def inputs_vector_env(
 
 
 # ---------------------------------------------------------------------- the model side
+def _image_shape(who: str, shape: Sequence[int]) -> tuple[int, int, int]:
+    """``shape`` as ``(H, W, C)`` ints, each >= 1; else a ValueError naming ``who``."""
+    if len(shape) != 3 or min(shape) < 1:
+        raise ValueError(f"{who}: expected shape (H, W, C), received {tuple(shape)}.")
+    h, w, c = (int(s) for s in shape)
+    return h, w, c
+
+
+def _check_images(who: str, shape: tuple[int, ...], pixels: torch.Tensor) -> None:
+    """A ValueError naming ``who`` unless ``pixels`` is ``[*B, *shape]``."""
+    if tuple(pixels.shape[-3:]) != shape:
+        raise ValueError(
+            f"{who}: expected images [*B, {', '.join(map(str, shape))}] (H, W, C), received "
+            f"{list(pixels.shape)}."
+        )
+
+
 class ImageEncoder(nn.Module):
     """``uint8 [*B, H, W, C] -> float [*B, out_features]``: a small CNN.
 
@@ -306,9 +325,7 @@ class ImageEncoder(nn.Module):
         self, shape: Sequence[int], out_features: int, channels: Sequence[int] = (16, 32, 32)
     ) -> None:
         super().__init__()
-        if len(shape) != 3 or min(shape) < 1:
-            raise ValueError(f"ImageEncoder: expected shape (H, W, C), received {tuple(shape)}.")
-        self.shape = tuple(int(s) for s in shape)
+        self.shape = _image_shape("ImageEncoder", shape)
         h, w, c = self.shape
         layers: list[nn.Module] = []
         side = min(h, w)
@@ -331,11 +348,7 @@ class ImageEncoder(nn.Module):
                 nn.init.zeros_(layer.bias)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        if tuple(pixels.shape[-3:]) != self.shape:
-            raise ValueError(
-                f"ImageEncoder: expected images [*B, {', '.join(map(str, self.shape))}] "
-                f"(H, W, C), received {list(pixels.shape)}."
-            )
+        _check_images("ImageEncoder", self.shape, pixels)
         batch = pixels.shape[:-3]
         x = pixels.reshape(-1, *self.shape).permute(0, 3, 1, 2).float() / 255.0
         return self.head(self.convs(x)).reshape(*batch, self.out_features)
@@ -362,29 +375,82 @@ class FlatImageEncoder(nn.Module):
 
     def __init__(self, shape: Sequence[int], out_features: int) -> None:
         super().__init__()
-        if len(shape) != 3 or min(shape) < 1:
-            raise ValueError(
-                f"FlatImageEncoder: expected shape (H, W, C), received {tuple(shape)}."
-            )
-        self.shape = tuple(int(s) for s in shape)
+        self.shape = _image_shape("FlatImageEncoder", shape)
         self.out_features = out_features
         self.linear = nn.Linear(int(np.prod(self.shape)), out_features)
         nn.init.orthogonal_(self.linear.weight, nn.init.calculate_gain("relu"))
         nn.init.zeros_(self.linear.bias)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        if tuple(pixels.shape[-3:]) != self.shape:
-            raise ValueError(
-                f"FlatImageEncoder: expected images [*B, {', '.join(map(str, self.shape))}] "
-                f"(H, W, C), received {list(pixels.shape)}."
-            )
+        _check_images("FlatImageEncoder", self.shape, pixels)
         x = pixels.reshape(*pixels.shape[:-3], -1).to(self.linear.weight.dtype)
         return torch.relu(self.linear(x))
 
 
+class OneHotImageEncoder(nn.Module):
+    """``uint8 [*B, H, W, C] -> float [*B, out_features]``: every entry as a category, one
+    learned vector per (entry, value), summed, plus a bias and a ReLU.
+
+    Made for small symbolic grids whose entries are indices (MiniGrid's 7x7 view: an object,
+    a colour and a state index per cell). It is a linear layer over the one-hot encoding of
+    every entry (``H*W*C*num_values`` inputs), computed as a sum of ``H*W*C`` looked-up rows
+    (``embedding_bag``), so a frame costs about what :class:`FlatImageEncoder`'s matmul
+    costs. Unlike the flat encoder, values are not ordered: a key (index 5) and a ball
+    (index 6) are as far apart as a key and a wall, which is what a policy that must tell
+    objects apart needs. Every entry must be an integer in ``[0, num_values)``; a larger one
+    raises (``num_values=16`` holds MiniGrid's 11 objects, 6 colours and 3 states). Rows are
+    drawn from N(0, 1 / entries) (each output a sum of ``H*W*C`` rows starts at about unit
+    scale), zero bias.
+
+    Examples:
+        >>> enc = OneHotImageEncoder((7, 7, 3), 32)
+        >>> enc(torch.zeros(4, 7, 7, 3, dtype=torch.uint8)).shape
+        torch.Size([4, 32])
+        >>> enc(torch.zeros(2, 5, 7, 7, 3, dtype=torch.uint8)).shape
+        torch.Size([2, 5, 32])
+    """
+
+    def __init__(self, shape: Sequence[int], out_features: int, num_values: int = 16) -> None:
+        super().__init__()
+        if num_values < 2:
+            raise ValueError(f"OneHotImageEncoder: num_values must be >= 2, received {num_values}.")
+        self.shape = _image_shape("OneHotImageEncoder", shape)
+        self.out_features = out_features
+        self.num_values = int(num_values)
+        entries = int(np.prod(self.shape))
+        self.table = nn.Parameter(torch.randn(entries * self.num_values, out_features))
+        with torch.no_grad():
+            self.table.mul_(entries**-0.5)
+        self.bias = nn.Parameter(torch.zeros(out_features))
+        # the row of entry i's value v is i * num_values + v
+        self.register_buffer("offsets", torch.arange(entries) * self.num_values, persistent=False)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        _check_images("OneHotImageEncoder", self.shape, pixels)
+        if pixels.is_floating_point():
+            raise ValueError(
+                f"OneHotImageEncoder: expected integer entries (indices), received "
+                f"{pixels.dtype}. Fix: --image-encoder flat or cnn for images of numbers."
+            )
+        batch = pixels.shape[:-3]
+        index = pixels.reshape(-1, self.offsets.numel()).long()
+        if index.numel() and (int(index.max()) >= self.num_values or int(index.min()) < 0):
+            raise ValueError(
+                f"OneHotImageEncoder: every entry must lie in [0, {self.num_values}), "
+                f"received values in [{int(index.min())}, {int(index.max())}]. Fix: a larger "
+                f"num_values, or --image-encoder flat / cnn for images that are not indices."
+            )
+        out = F.embedding_bag(index + self.offsets, self.table, mode="sum")
+        return torch.relu(out + self.bias).reshape(*batch, self.out_features)
+
+
 #: ``ModelConfig.image_encoder`` -> the module that turns ``"pixels"`` into features, built as
 #: ``cls(shape, out_features)``: the one list of the image encoders' names
-IMAGE_ENCODERS: dict[str, type[nn.Module]] = {"cnn": ImageEncoder, "flat": FlatImageEncoder}
+IMAGE_ENCODERS: dict[str, type[nn.Module]] = {
+    "cnn": ImageEncoder,
+    "flat": FlatImageEncoder,
+    "onehot": OneHotImageEncoder,
+}
 
 
 def image_encoder(kind: str, shape: Sequence[int], out_features: int) -> nn.Module:
@@ -396,7 +462,7 @@ def image_encoder(kind: str, shape: Sequence[int], out_features: int) -> nn.Modu
         >>> image_encoder("vit", (7, 7, 3), 8)
         Traceback (most recent call last):
         ...
-        ValueError: image_encoder: expected one of ['cnn', 'flat'], received 'vit'...
+        ValueError: image_encoder: expected one of ['cnn', 'flat', 'onehot'], received 'vit'...
     """
     if kind not in IMAGE_ENCODERS:
         raise ValueError(

@@ -1,5 +1,5 @@
-"""The image encoders' registry and the flat encoder of symbolic grids (the CNN, NetworkInputs
-and the env side are covered in test_env_inputs.py)."""
+"""The image encoders' registry and the flat and one-hot encoders of symbolic grids (the CNN,
+NetworkInputs and the env side are covered in test_env_inputs.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from recurrl.trainers.encoders import (
     ImageEncoder,
     InputEncoder,
     ObsInputs,
+    OneHotImageEncoder,
     add_image_encoder,
     image_encoder,
 )
@@ -58,17 +59,68 @@ def test_flat_encoder_checks_its_shapes():
 
 
 def test_the_registry_is_the_cli_choices_and_builds_each_encoder():
-    assert list(IMAGE_ENCODERS) == ["cnn", "flat"]
+    assert list(IMAGE_ENCODERS) == ["cnn", "flat", "onehot"]
     assert isinstance(image_encoder("cnn", (7, 7, 3), 8), ImageEncoder)
     assert isinstance(InputEncoder((7, 7, 3), 8, "flat").image, FlatImageEncoder)
     assert parse_train("--image-encoder", "flat").model.image_encoder == "flat"
     assert parse_train().model.image_encoder == "cnn"
     with pytest.raises(SystemExit):
         parse_train("--image-encoder", "vit")
-    with pytest.raises(ValueError, match=r"expected one of \['cnn', 'flat'\].*Fix"):
+    assert parse_train("--image-encoder", "onehot").model.image_encoder == "onehot"
+    assert isinstance(image_encoder("onehot", (7, 7, 3), 8), OneHotImageEncoder)
+    with pytest.raises(ValueError, match=r"expected one of \['cnn', 'flat', 'onehot'\].*Fix"):
         image_encoder("vit", (7, 7, 3), 8)
-    with pytest.raises(ValueError, match=r"image_encoder must be one of \('cnn', 'flat'\)"):
+    with pytest.raises(ValueError, match=r"image_encoder must be one of \('cnn', 'flat', 'on"):
         ModelConfig(image_encoder="vit")
+
+
+def test_onehot_encoder_is_a_linear_layer_over_the_one_hot_entries():
+    """Each (entry, value) has its own row: the output is the linear layer of the one-hot
+    encoding of every entry (147 x 16 inputs), computed by lookups; gradients reach only the
+    rows of the values seen."""
+    torch.manual_seed(0)
+    enc = OneHotImageEncoder((7, 7, 3), 16)
+    pixels = torch.randint(0, 11, (4, 7, 7, 3), dtype=torch.uint8)
+    one_hot = torch.nn.functional.one_hot(pixels.long(), 16).reshape(4, -1).float()
+    torch.testing.assert_close(enc(pixels), torch.relu(one_hot @ enc.table + enc.bias))
+    seq = torch.randint(0, 11, (2, 5, 7, 7, 3), dtype=torch.uint8)
+    out = enc(seq)
+    assert out.shape == (2, 5, 16)
+    torch.testing.assert_close(out[1, 3], enc(seq[1, 3]))
+    enc(pixels[:1]).sum().backward()
+    used = one_hot[0].bool()
+    assert (enc.table.grad[~used] == 0).all() and (enc.table.grad[used] != 0).any()
+    assert sum(p.numel() for p in enc.parameters()) == 147 * 16 * 16 + 16
+
+
+def test_onehot_encoder_keeps_objects_apart_whatever_their_indices():
+    """A key (5) and a ball (6) differ by one index, a key and a wall (2) by three: through
+    the one-hot encoder both pairs are about equally far apart (the flat encoder puts the
+    ball three times closer to the key than the wall)."""
+    torch.manual_seed(0)
+    enc = OneHotImageEncoder((7, 7, 3), 64)
+    key = torch.ones(1, 7, 7, 3, dtype=torch.uint8)
+    key[0, 3, 5] = torch.tensor([5, 1, 0], dtype=torch.uint8)
+    ball, wall = key.clone(), key.clone()
+    ball[0, 3, 5, 0], wall[0, 3, 5, 0] = 6, 2
+    with torch.no_grad():
+        near, far = float((enc(key) - enc(ball)).norm()), float((enc(key) - enc(wall)).norm())
+    assert near > 0.5 and 0.5 < near / far < 2.0
+
+
+def test_onehot_encoder_refuses_what_it_cannot_encode():
+    with pytest.raises(ValueError, match=r"OneHotImageEncoder: expected shape \(H, W, C\)"):
+        OneHotImageEncoder((7, 7), 8)
+    with pytest.raises(ValueError, match="num_values must be >= 2"):
+        OneHotImageEncoder((7, 7, 3), 8, num_values=1)
+    enc = OneHotImageEncoder((7, 7, 3), 8)
+    with pytest.raises(ValueError, match=r"expected images \[\*B, 7, 7, 3\]"):
+        enc(torch.zeros(4, 3, 7, 7, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"every entry must lie in \[0, 16\), received "
+                       r"values in \[0, 200\]. Fix: a larger num_values"):  # fmt: skip
+        enc(torch.full((2, 7, 7, 3), 200, dtype=torch.uint8).index_fill_(0, torch.tensor([0]), 0))
+    with pytest.raises(ValueError, match="expected integer entries"):
+        enc(torch.zeros(2, 7, 7, 3))
 
 
 @pytest.mark.parametrize("vector", [4, 0])
@@ -78,12 +130,14 @@ def test_add_image_encoder_builds_the_kind_asked_for(vector):
     assert [type(m) for m in mods[0].module.modules()].count(FlatImageEncoder) == 1
 
 
-@pytest.mark.parametrize("memory", ["lstm", "none"])
-def test_actor_critic_and_q_network_with_the_flat_encoder(memory):
-    cfg = ModelConfig(memory=memory, hidden_size=8, image_encoder="flat")
+@pytest.mark.parametrize(
+    ("memory", "kind"), [("lstm", "flat"), ("none", "flat"), ("gru", "onehot")]
+)
+def test_actor_critic_and_q_network_with_a_grid_encoder(memory, kind):
+    cfg = ModelConfig(memory=memory, hidden_size=8, image_encoder=kind)
     model = ActorCritic(cfg, ObsInputs(4, (7, 7, 3)), 7)
     kinds = [type(m) for m in model.modules()]
-    assert kinds.count(FlatImageEncoder) == 1 and ImageEncoder not in kinds  # shared
+    assert kinds.count(IMAGE_ENCODERS[kind]) == 1 and ImageEncoder not in kinds  # shared
     td = TensorDict(
         observation=torch.randn(5, 6, 4),
         pixels=torch.randint(0, 11, (5, 6, 7, 7, 3), dtype=torch.uint8),
@@ -96,6 +150,6 @@ def test_actor_critic_and_q_network_with_the_flat_encoder(memory):
         assert model.actor(td.clone())["logits"].shape == (5, 6, 7)
         assert model.critic(td.clone())["state_value"].shape == (5, 6, 1)
     q = QNetwork(cfg, ObsInputs(4, (7, 7, 3)), 7)
-    assert [type(m) for m in q.modules()].count(FlatImageEncoder) == 1
+    assert [type(m) for m in q.modules()].count(IMAGE_ENCODERS[kind]) == 1
     with set_recurrent_mode(True):
         assert q.q(td.clone())["action_value"].shape == (5, 6, 7)
