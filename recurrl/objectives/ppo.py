@@ -10,6 +10,7 @@ critic may share a recurrent trunk (both run it, in recurrent mode, on the same 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -56,7 +57,11 @@ class ClipPPOLoss(LossModule):
             larger of the clipped/unclipped losses (``V_old`` = ``"state_value"`` stored by
             ``GAE``). Default None.
         distribution: ``"auto"`` (``"categorical"`` if the actor writes logits, else
-            ``"normal"``), ``"categorical"``, ``"normal"`` or ``"tanh_normal"``.
+            ``"normal"``), ``"categorical"``, ``"normal"``, ``"tanh_normal"``, or a callable
+            ``(loc, scale) -> Distribution`` over the actor's ``loc``/``scale`` whose
+            ``log_prob`` of an action gives one value per step (e.g. a tanh-squashed
+            Gaussian rescaled to the action's bounds, wrapped in ``Independent(d, 1)``);
+            its ``entropy()`` is the entropy bonus.
         loss_critic_type: ``"l2"`` (``0.5 (V - target)^2``) or ``"smooth_l1"``.
 
     Returns a TensorDict with ``loss_objective``, ``loss_critic``, ``loss_entropy`` (sum them
@@ -113,7 +118,7 @@ class ClipPPOLoss(LossModule):
         critic_coef: float = 1.0,
         normalize_advantage: bool = False,
         clip_value: float | None = None,
-        distribution: str = "auto",
+        distribution: str | Callable[[Tensor, Tensor], D.Distribution] = "auto",
         loss_critic_type: str = "l2",
     ) -> None:
         super().__init__()
@@ -124,10 +129,10 @@ class ClipPPOLoss(LossModule):
                     f"{type(net).__name__}. Fix: wrap it in TensorDictModule(net, in_keys, "
                     f"out_keys)."
                 )
-        if distribution not in _DISTRIBUTIONS:
+        if not callable(distribution) and distribution not in _DISTRIBUTIONS:
             raise ValueError(
-                f"ClipPPOLoss: distribution must be one of {_DISTRIBUTIONS}, received "
-                f"{distribution!r}."
+                f"ClipPPOLoss: distribution must be one of {_DISTRIBUTIONS} or a callable "
+                f"(loc, scale) -> Distribution, received {distribution!r}."
             )
         if loss_critic_type not in _CRITIC_LOSSES:
             raise ValueError(
@@ -154,6 +159,8 @@ class ClipPPOLoss(LossModule):
         """The action distribution from the actor's output (``[*B]`` batch, events last)."""
         k = self.tensor_keys
         kind = self.distribution
+        if callable(kind):
+            return kind(_actor_param(params, k.loc, "loc"), _actor_param(params, k.scale, "scale"))
         if kind == "auto":
             kind = "categorical" if k.logits in params.keys(True) else "normal"
         if kind == "categorical":

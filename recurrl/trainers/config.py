@@ -69,9 +69,11 @@ class ModelConfig:
     (parameter) or an output of the actor's head for every state (state)."""
     image_encoder: str = field(default="cnn", metadata={"choices": _image_encoder_choices})
     """Encoder of image observations (uint8 HxWxC, e.g. MiniGrid's view): cnn (three 3x3
-    convolutions and a linear layer) or flat (the entries as numbers through one linear
-    layer: for small symbolic grids such as MiniGrid's, whose entries are object, colour and
-    state indices; about 1/100 of the CNN's cost per frame)."""
+    convolutions and a linear layer), flat (the entries as numbers through one linear
+    layer; about 1/100 of the CNN's cost per frame) or onehot (every entry as a category,
+    one learned vector per entry and value, summed; about flat's cost). flat and onehot are
+    for small symbolic grids such as MiniGrid's, whose entries are object, colour and state
+    indices; onehot keeps different objects apart."""
     recurrent_backend: str = field(default="auto", metadata={"choices": recurrent_backend_names})
     """How the recurrent trunk runs a sequence with resets in training: auto (the fastest
     backend that runs the input, picked per batch; the rule is resolve_backend's in
@@ -99,8 +101,8 @@ class ModelConfig:
         if self.image_encoder not in _image_encoder_choices():
             raise ValueError(
                 f"ModelConfig: image_encoder must be one of {_image_encoder_choices()}, "
-                f"received {self.image_encoder!r}. Fix: --image-encoder cnn (or flat for a "
-                f"small symbolic grid such as MiniGrid's)."
+                f"received {self.image_encoder!r}. Fix: --image-encoder cnn (or onehot / flat "
+                f"for a small symbolic grid such as MiniGrid's)."
             )
         if self.recurrent_backend not in recurrent_backend_names():
             raise ValueError(
@@ -428,18 +430,32 @@ class TrainConfig:
         p.num_minibatches = max(d for d in range(1, top + 1) if rows % d == 0)
 
     def _check_multiagent(self) -> None:
-        """A multi-agent task trains with PPO (MAPPO / IPPO) on the local collector; its actions
-        are checked when the env is built (discrete only)."""
+        """A multi-agent task trains with PPO (MAPPO / IPPO); its actions are checked when the
+        env is built (discrete, or bounded float vectors). ``--action-std state`` needs
+        continuous actions: refused where they are known to be discrete (VMAS and MPE without
+        ``--continuous-actions``, recurrl's own tasks)."""
+        from recurrl.trainers.multiagent import MULTIAGENT_TASKS
+
+        env = self.env
+        discrete = not env.continuous_actions and (
+            env.env.startswith(("vmas:", "mpe2:")) or env.env in MULTIAGENT_TASKS
+        )
         refused = {
             "algo": (self.algo != "ppo", "--algo ppo (MAPPO or IPPO: --multiagent)"),
             "obs_norm": (self.ppo.obs_norm, "drop --obs-norm"),
             "shared_trunk": (self.model.shared_trunk, "drop --shared-trunk"),
+            "action_std": (
+                discrete and self.model.action_std != "parameter",
+                "--continuous-actions (VMAS, MPE), or drop --action-std (the agents' actions "
+                "are discrete)",
+            ),
         }
         for name, (bad, fix) in refused.items():
             if bad:
+                value = {"algo": self.algo, "action_std": self.model.action_std}.get(name, True)
                 raise ValueError(
-                    f"TrainConfig: {name}={getattr(self, name, None) or 'set'} is not available "
-                    f"with a multi-agent task ({self.env.env!r}). Fix: {fix}."
+                    f"TrainConfig: {name}={value!r} is not available with a multi-agent task "
+                    f"({self.env.env!r}). Fix: {fix}."
                 )
 
     def _check_ppo(self) -> None:

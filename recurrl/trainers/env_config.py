@@ -91,6 +91,12 @@ class EnvConfig:
     envs_per_worker: int | None = None
     """Envs each Ray worker steps (num_envs = workers * envs_per_worker); None: num_envs /
     workers."""
+    continuous_actions: bool = False
+    """Multi-agent tasks of VMAS and PettingZoo (vmas:..., mpe2:...): build them with
+    continuous actions (each agent's action a bounded vector; the policy a tanh-squashed
+    Gaussian rescaled to the bounds) instead of discrete ones (VMAS's and MPE's
+    continuous_actions argument). A task whose actions are only continuous trains so without
+    it; single-agent envs take their action space from the env itself."""
 
     def __post_init__(self) -> None:
         finite(self)
@@ -105,6 +111,16 @@ class EnvConfig:
             self.worker_envs()  # validates the split (else once TrainConfig resolved num_envs)
         self.gym_id()  # validates the id
         self.resolved_engine()  # validates the engine
+        if self.continuous_actions:
+            from recurrl.envs.multiagent import is_multiagent_env_id
+
+            if not is_multiagent_env_id(self.env):
+                raise ValueError(
+                    f"EnvConfig: continuous_actions applies to the multi-agent tasks of VMAS "
+                    f"and PettingZoo (vmas:..., mpe2:..., pettingzoo...:...); {self.env!r} "
+                    f"takes its action space from the env itself. Fix: drop "
+                    f"--continuous-actions (a Box action space trains as continuous by itself)."
+                )
 
     def resolved_engine(self) -> str:
         """``"torch"`` or ``"gymnasium"``: :attr:`engine`, with ``auto`` resolved for the id.

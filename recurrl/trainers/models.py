@@ -317,6 +317,34 @@ def squashed_gaussian(
     return D.Independent(ScaledTanhNormal(loc, scale, low, high), 1, validate_args=False)
 
 
+def check_action_bounds(
+    who: str, action_bounds: tuple[object, object], n_actions: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(low, high)`` as float32 ``[n_actions]`` tensors, checked: finite, ``low < high``.
+
+    Raises:
+        ValueError: naming ``who``, on other shapes or bounds.
+
+    Examples:
+        >>> check_action_bounds("me", ([-1.0, 0.0], [1.0, 2.0]), 2)[1].tolist()
+        [1.0, 2.0]
+    """
+    low, high = (torch.as_tensor(b, dtype=torch.float32) for b in action_bounds)
+    if low.shape != (n_actions,) or high.shape != (n_actions,):
+        raise ValueError(
+            f"{who}: action_bounds must be two [{n_actions}] tensors (n_actions={n_actions}), "
+            f"received shapes {list(low.shape)} and {list(high.shape)}."
+        )
+    finite = torch.isfinite(low).all() and torch.isfinite(high).all()
+    if not (finite and (low < high).all()):
+        raise ValueError(
+            f"{who}: action_bounds must be finite with low < high, received "
+            f"low={low.tolist()}, high={high.tolist()}. Fix: rescale the action space "
+            f"(gymnasium.wrappers.RescaleAction) and register the wrapped env."
+        )
+    return low, high
+
+
 class GaussianParams(nn.Module):
     """``x -> (loc, scale)`` of a Gaussian over ``n_actions`` entries.
 
@@ -517,20 +545,7 @@ class ActorCritic(nn.Module):
                     f"n_actions=sum(action_nvec)."
                 )
         if action_bounds is not None:
-            low, high = (torch.as_tensor(b, dtype=torch.float32) for b in action_bounds)
-            if low.shape != (n_actions,) or high.shape != (n_actions,):
-                raise ValueError(
-                    f"ActorCritic: action_bounds must be two [{n_actions}] tensors "
-                    f"(n_actions={n_actions}), received shapes {list(low.shape)} and "
-                    f"{list(high.shape)}."
-                )
-            finite = torch.isfinite(low).all() and torch.isfinite(high).all()
-            if not (finite and (low < high).all()):
-                raise ValueError(
-                    f"ActorCritic: action_bounds must be finite with low < high, received "
-                    f"low={low.tolist()}, high={high.tolist()}. Fix: rescale the action space "
-                    f"(gymnasium.wrappers.RescaleAction) and register the wrapped env."
-                )
+            low, high = check_action_bounds("ActorCritic", action_bounds, n_actions)
             # not in the state_dict: they come from the env
             self.register_buffer("action_low", low, persistent=False)
             self.register_buffer("action_high", high, persistent=False)

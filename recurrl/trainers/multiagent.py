@@ -17,8 +17,11 @@
 The env gets :class:`~recurrl.envs.InitTracker` (env-level and per-agent ``is_init``),
 :class:`~recurrl.envs.TeamReward` (the mean of the agents' rewards as the env-level reward)
 and :class:`~recurrl.envs.RewardSum`: the returns ``recurrl train`` logs and ``recurrl
-eval`` reports are the team's (the mean over agents of their returns). Discrete actions
-only (VMAS tasks are built with ``continuous_actions=False``).
+eval`` reports are the team's (the mean over agents of their returns). Actions are
+discrete (a categorical per agent; VMAS and MPE tasks are built with
+``continuous_actions=False`` unless ``--continuous-actions``) or bounded vectors (a
+tanh-squashed Gaussian per agent, rescaled to the bounds:
+:func:`~recurrl.trainers.models.squashed_gaussian`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 import torch
 from tensordict.nn import TensorDictModule as Mod
 from tensordict.nn import TensorDictSequential as Seq
+from torch import distributions as D
 from torch import nn
 
 from recurrl.envs import Compose, InitTracker, RewardSum, TeamReward, TransformedEnv, specs
@@ -37,6 +41,13 @@ from recurrl.modules.registry import FEED_FORWARD
 from recurrl.objectives import multiagent_critic
 from recurrl.trainers.config import EnvConfig, ModelConfig, TrainConfig
 from recurrl.trainers.errors import UsageError
+from recurrl.trainers.models import (
+    CategoricalSampler,
+    GaussianParams,
+    TanhNormalSampler,
+    check_action_bounds,
+    squashed_gaussian,
+)
 
 __all__ = [
     "GROUP",
@@ -95,8 +106,8 @@ def make_multiagent_train_env(
     ``TeamReward`` and ``RewardSum`` (``("next", "episode_reward")``: the team's return).
 
     Raises:
-        UsageError: the task's agents are not one group ``"agents"``, or its actions are
-            not discrete.
+        UsageError: the task's agents are not one group ``"agents"``, or their actions are
+            neither discrete nor bounded float vectors.
 
     Examples:
         >>> env = make_multiagent_train_env(EnvConfig(env="vmas:balance"), 2, seed=0)
@@ -105,8 +116,8 @@ def make_multiagent_train_env(
         (torch.Size([2, 3]), torch.Size([2, 3, 1]))
     """
     kwargs: dict[str, Any] = {}
-    if cfg.env.startswith("vmas:"):
-        kwargs["continuous_actions"] = False
+    if cfg.continuous_actions or cfg.env.startswith("vmas:"):  # VMAS's own default: True
+        kwargs["continuous_actions"] = cfg.continuous_actions
     if cfg.env in MULTIAGENT_TASKS:  # (EnvConfig refuses max_episode_steps for them)
         base = MULTIAGENT_TASKS[cfg.env](num_envs, seed, device)
     else:
@@ -128,11 +139,12 @@ def make_multiagent_train_env(
             f"recurrl.envs.make_multiagent_env and a loss per group (docs/guides/multiagent.md)."
         )
     action = base.full_action_spec[GROUP, "action"]
-    if not isinstance(action, specs.Categorical):
+    continuous = isinstance(action, specs.Bounded) and action.dtype.is_floating_point
+    if not (isinstance(action, specs.Categorical) or continuous):
         raise UsageError(
-            f"recurrl train --env {cfg.env}: the agents' actions must be discrete "
-            f"(Categorical), received {type(action).__name__}. Fix: a task with discrete actions "
-            f"(VMAS: continuous_actions=False, which recurrl train sets)."
+            f"recurrl train --env {cfg.env}: the agents' actions must be discrete (Categorical) "
+            f"or bounded vectors (Bounded float), received {type(action).__name__} "
+            f"({action.dtype}). Fix: a task with such actions."
         )
     return TransformedEnv(base, Compose(InitTracker(), TeamReward(GROUP), RewardSum()))
 
@@ -146,17 +158,26 @@ class MultiAgentActorCritic(nn.Module):
         n_agents: agents in the group.
         obs_dim: features of one agent's observation ``(group, "observation")``
             ``[*B, n_agents, F]``.
-        n_actions: discrete actions of one agent.
+        n_actions: discrete actions of one agent, or the entries ``A`` of its action
+            vector (with ``action_bounds``).
 
     Keyword Args:
         critic: ``"mappo"`` (centralized) or ``"ippo"`` (per agent). Default ``"mappo"``.
         state_size: features of the env's global ``"state"`` ``[*B, S]`` (a MAPPO critic then
             reads it), or ``None`` (a MAPPO critic reads all agents' observations).
         group: the agent group. Default ``"agents"``.
+        action_bounds: ``(low, high)``, each ``[A]`` and finite (the same for every agent),
+            for continuous actions: the actor then writes a Gaussian's ``(group, "loc")`` and
+            ``(group, "scale")`` ``[*B, n_agents, A]`` (the std one learned parameter per entry,
+            or per state with ``cfg.action_std="state"``) and the policy samples the
+            tanh-squashed, rescaled action (:func:`~recurrl.trainers.models.squashed_gaussian`).
+            ``None``: discrete actions.
 
     Attributes:
-        actor: writes ``(group, "logits")`` ``[*B, n_agents, n_actions]``.
+        actor: writes ``(group, "logits")`` ``[*B, n_agents, n_actions]`` (or ``loc`` and
+            ``scale``).
         critic: writes ``(group, "state_value")`` ``[*B, n_agents, 1]``.
+        continuous: whether the actions are continuous (``action_bounds`` given).
         obs_norm: always ``None`` (the single-agent recipe's observation normalization is
             not offered here).
 
@@ -181,12 +202,17 @@ class MultiAgentActorCritic(nn.Module):
         critic: str = "mappo",
         state_size: int | None = None,
         group: str = GROUP,
+        action_bounds: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
         self.group = group
         self.obs_norm = None
-        self.continuous = False
+        self.continuous = action_bounds is not None
         self.action_nvec = None
+        if action_bounds is not None:
+            low, high = check_action_bounds("MultiAgentActorCritic", action_bounds, n_actions)
+            self.register_buffer("action_low", low, persistent=False)  # from the env
+            self.register_buffer("action_high", high, persistent=False)
         width = cfg.hidden_size
         obs, features = (group, "observation"), (group, "actor_features")
         if cfg.memory == FEED_FORWARD:
@@ -207,7 +233,15 @@ class MultiAgentActorCritic(nn.Module):
                     f"dimension (n_agents=...): {err}. Fix: --memory lstm, gru, mingru or lru "
                     f"with a multi-agent env, or --memory none."
                 ) from err
-        head = Mod(MLP(width, n_actions, num_cells=width), [features], [(group, "logits")])
+        if self.continuous:
+            state_scale = cfg.action_std == "state"
+            outs = 2 * n_actions if state_scale else n_actions
+            gaussian = nn.Sequential(
+                MLP(width, outs, num_cells=width), GaussianParams(n_actions, state_scale)
+            )
+            head = Mod(gaussian, [features], [(group, "loc"), (group, "scale")])
+        else:
+            head = Mod(MLP(width, n_actions, num_cells=width), [features], [(group, "logits")])
         self.actor = Seq(trunk, head)
         self.recurrent = cfg.memory != FEED_FORWARD
         self.critic = multiagent_critic(
@@ -218,19 +252,31 @@ class MultiAgentActorCritic(nn.Module):
 
     def policy(self, deterministic: bool = False) -> Seq:
         """The acting module: the actor, the critic's memory (when it has one and the policy
-        samples, so its state is stored with the batch for the loss), and a categorical
-        sampler writing ``(group, "action")`` ``[*B, n_agents]`` and ``(group,
-        "sample_log_prob")`` ``[*B, n_agents]`` (``deterministic``: the most likely action)."""
-        from recurrl.trainers.models import CategoricalSampler
-
+        samples, so its state is stored with the batch for the loss), and a sampler writing
+        ``(group, "action")`` ``[*B, n_agents]`` (continuous: ``[*B, n_agents, A]``) and
+        ``(group, "sample_log_prob")`` ``[*B, n_agents]`` (``deterministic``: the most likely
+        action; continuous: the squashed, rescaled mean)."""
         g = self.group
-        sampler = Mod(
-            CategoricalSampler(deterministic), [(g, "logits")], [(g, "action"),
-                                                                 (g, "sample_log_prob")],
-        )  # fmt: skip
+        outs = [(g, "action"), (g, "sample_log_prob")]
+        if self.continuous:
+            tanh = TanhNormalSampler(self.action_low, self.action_high, deterministic)
+            sampler = Mod(tanh, [(g, "loc"), (g, "scale")], outs)
+        else:
+            sampler = Mod(CategoricalSampler(deterministic), [(g, "logits")], outs)
         if self.recurrent and not deterministic:
             return Seq(self.actor, self.critic[0], sampler)
         return Seq(self.actor, sampler)
+
+    def distribution(self, loc: torch.Tensor, scale: torch.Tensor) -> D.Distribution:
+        """The continuous policy's distribution (:func:`~recurrl.trainers.models.
+        squashed_gaussian`) for ``(group, "loc")`` and ``(group, "scale")`` ``[*B, n_agents,
+        A]``; ``log_prob`` of an action ``[*B, n_agents, A]`` is ``[*B, n_agents]``."""
+        if not self.continuous:
+            raise ValueError(
+                "MultiAgentActorCritic.distribution: this model has discrete actions (its actor "
+                "writes logits). Fix: build it with action_bounds for continuous actions."
+            )
+        return squashed_gaussian(loc, scale, self.action_low, self.action_high)
 
 
 def multiagent_actor_critic(cfg: TrainConfig, env) -> MultiAgentActorCritic:
@@ -246,8 +292,21 @@ def multiagent_actor_critic(cfg: TrainConfig, env) -> MultiAgentActorCritic:
         )
     state = env.observation_spec.get("state", None)
     state_size = None if state is None else int(state.shape[-1])
-    n_actions = int(env.full_action_spec[GROUP, "action"].n)
+    action = env.full_action_spec[GROUP, "action"]
+    bounds = None
+    if isinstance(action, specs.Categorical):
+        n_actions = int(action.n)
+    else:  # bounded vectors ([*B, n_agents, A]): one (low, high) for every agent and row
+        n_actions = int(action.shape[-1])
+        low, high = (b.reshape(-1, n_actions) for b in (action.low, action.high))
+        if not ((low == low[0]).all() and (high == high[0]).all()):
+            raise UsageError(
+                f"recurrl train --env {cfg.env.env}: the agents' action bounds differ between "
+                f"agents (low {low.unique(dim=0).tolist()}, high {high.unique(dim=0).tolist()}); "
+                f"the shared actor needs one. Fix: a task whose agents are alike."
+            )
+        bounds = (low[0], high[0])
     return MultiAgentActorCritic(
         cfg.model, int(n_agents), int(obs_dim), n_actions, critic=cfg.ppo.multiagent,
-        state_size=state_size,
+        state_size=state_size, action_bounds=bounds,
     )  # fmt: skip

@@ -41,19 +41,6 @@ from recurrl.trainers.models import ActorCritic, actor_critic
 __all__ = ["PPOTrainer", "train"]
 
 
-class _SquashedGaussianPPOLoss(ClipPPOLoss):
-    """:class:`ClipPPOLoss` for the continuous :class:`ActorCritic`: the distribution is its
-    tanh-squashed Gaussian rescaled to the action bounds (log-probabilities of the actions the
-    env received, tanh and rescaling Jacobians included; a one-sample entropy estimate)."""
-
-    def __init__(self, model: ActorCritic, **kwargs: Any) -> None:
-        super().__init__(model.actor, model.critic, **kwargs)
-        self._distribution = model.distribution  # a bound method, not a second submodule
-
-    def get_distribution(self, params: TensorDictBase) -> torch.distributions.Distribution:
-        return self._distribution(params.get("loc"), params.get("scale"))
-
-
 class _FactorizedCategoricalPPOLoss(ClipPPOLoss):
     """:class:`ClipPPOLoss` for the ``MultiDiscrete`` :class:`ActorCritic`: the distribution
     is its product of independent categoricals over the actor's ``"logits"`` (log-probability
@@ -121,12 +108,14 @@ class PPOTrainer(Trainer):
             clip_epsilon=p.clip_epsilon, entropy_coef=p.entropy_coef, critic_coef=p.critic_coef,
             normalize_advantage=p.normalize_advantage, clip_value=p.clip_value,
         )  # fmt: skip
+        if self.model.continuous:
+            # the tanh-squashed Gaussian rescaled to the action bounds (the Jacobians in the
+            # log-probabilities; a one-sample entropy estimate)
+            terms["distribution"] = self.model.distribution
         if cfg.env.is_multiagent():  # MAPPO / IPPO: the agents' keys, per-agent GAE
             self.loss, self.gae = multiagent_ppo_loss(
                 self.model.actor, self.model.critic, gamma=p.gamma, lmbda=p.gae_lambda, **terms
             )
-        elif self.model.continuous:
-            self.loss = _SquashedGaussianPPOLoss(self.model, **terms)
         elif self.model.action_nvec is not None:
             self.loss = _FactorizedCategoricalPPOLoss(self.model, **terms)
         else:

@@ -194,9 +194,36 @@ def test_tanh_normal_log_prob():
     assert torch.isfinite(out["entropy"])
 
 
+def test_a_callable_distribution_gives_the_log_probs_and_the_entropy():
+    """``distribution=(loc, scale) -> Distribution``: the loss takes the log-probabilities of
+    the batch's actions and the entropy from it (here a Gaussian in [0, 2] per entry: a
+    bounded one of the user's own), the terms as the hand-written loss computes them."""
+    from recurrl.trainers.models import squashed_gaussian
+
+    low, high = torch.zeros(2), torch.full((2,), 2.0)
+    actor, critic, _ = _shared(2, continuous=True)
+
+    def bounded(loc, scale):
+        return squashed_gaussian(loc, scale, low, high)
+
+    td = _data((4, 6), continuous=True, seed=8)
+    td["action"] = td["action"] + 1.0  # inside (0, 2)
+    GAE(0.9, 0.95, critic)(td)
+    loss = ClipPPOLoss(actor, critic, distribution=bounded, entropy_coef=0.0)
+    with set_recurrent_mode(True):
+        out = loss(td)
+        params = actor(td.copy())
+    log_prob = bounded(params["loc"], params["scale"]).log_prob(td["action"])
+    ratio = (log_prob - td["sample_log_prob"]).exp()
+    adv = td["advantage"][..., 0]
+    ref = -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()
+    torch.testing.assert_close(out["loss_objective"], ref)
+    assert torch.isfinite(out["entropy"])
+
+
 def test_errors():
     actor, critic, _ = _shared(3)
-    with pytest.raises(ValueError, match="distribution"):
+    with pytest.raises(ValueError, match=r"distribution must be one of .* or a callable"):
         ClipPPOLoss(actor, critic, distribution="beta")
     with pytest.raises(ValueError, match="actor_network"):
         ClipPPOLoss(torch.nn.Linear(2, 2), critic)

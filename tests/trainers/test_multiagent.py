@@ -73,9 +73,86 @@ def test_the_model_follows_the_env_and_the_collected_batch_holds_per_agent_state
     for key in states:
         assert batch["agents", key].shape[:3] == (4, 4, n_agents)
     # the team reward is the mean of the agents' rewards
+    torch.testing.assert_close(batch["next", "reward"], batch["next", "agents", "reward"].mean(-2))
+
+
+@needs_vmas
+def test_continuous_actions_a_squashed_gaussian_per_agent_within_the_bounds():
+    """--continuous-actions builds VMAS's task with bounded action vectors: the shared actor
+    writes a Gaussian per agent, the actions collected lie in the bounds, their stored
+    log-probabilities are what the loss recomputes (the first PPO ratio is 1), and the
+    greedy policy takes the squashed mean."""
+    from recurrl.collectors import Collector
+    from recurrl.modules import set_recurrent_mode
+
+    cfg = parse_train(*VMAS, "--memory", "gru", "--continuous-actions")
+    env = make_env(cfg.env, seed=0)
+    spec = env.full_action_spec["agents", "action"]
+    model = actor_critic(cfg, env)
+    assert model.continuous and spec.shape[-1] == 2
+    torch.testing.assert_close(model.action_low, spec.low.reshape(-1, 2)[0])
+    torch.manual_seed(0)
+    collector = Collector(env, model.policy(), frames_per_batch=16)
+    batch = collector.rollout()
+    collector.shutdown()
+    action = batch["agents", "action"]
+    n_agents = action.shape[2]
+    assert action.shape == (4, 4, n_agents, 2) and action.dtype == torch.float32
+    assert ((action > spec.low[0]) & (action < spec.high[0])).all()
+    assert batch["agents", "sample_log_prob"].shape == (4, 4, n_agents)
+    with set_recurrent_mode(True):
+        params = model.actor(batch.clone())
+    dist = model.distribution(params["agents", "loc"], params["agents", "scale"])
     torch.testing.assert_close(
-        batch["next", "reward"], batch["next", "agents", "reward"].mean(-2)
+        dist.log_prob(action), batch["agents", "sample_log_prob"], atol=1e-4, rtol=1e-4
     )
+    greedy = model.policy(deterministic=True)(env.reset())
+    loc = greedy["agents", "loc"]
+    mid, half = (spec.high[0] + spec.low[0]) / 2, (spec.high[0] - spec.low[0]) / 2
+    torch.testing.assert_close(greedy["agents", "action"], mid + half * torch.tanh(loc))
+
+
+@needs_vmas
+@pytest.mark.parametrize("memory", ["gru", "none"])
+def test_train_evaluate_and_resume_with_continuous_actions(tmp_path, capsys, memory):
+    run_dir = tmp_path / "run"
+    argv = [*VMAS, "--memory", memory, "--continuous-actions", "--run-dir", str(run_dir)]
+    run_cli(capsys, "train", *argv, "--checkpoint-every", "32")
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["env"]["continuous_actions"] is True
+    rows = read_metrics(run_dir)
+    assert [int(r["frames"]) for r in rows] == [32, 64]
+    assert all(r["loss_objective"] not in ("", "nan") for r in rows)
+    assert all(abs(float(r["kl_approx"])) < 0.5 for r in rows)  # log-probs agree
+    returns = evaluate(run_dir, episodes=2)
+    assert len(returns) == 2 and all(isinstance(r, float) for r in returns)
+    run_cli(capsys, "train", "--resume", str(run_dir), "--frames", "96", "--quiet")
+    assert [int(r["frames"]) for r in read_metrics(run_dir)] == [32, 64, 96]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mpe2") is None, reason="mpe2 is not installed")
+def test_mpe_with_continuous_actions_trains_in_its_own_bounds(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_cli(capsys, "train", "--env", "mpe2:simple_spread_v3", "--continuous-actions",
+            "--max-episode-steps", "8", "--num-envs", "4", "--steps-per-env", "8", "--frames",
+            "32", "--epochs", "1", "--num-minibatches", "2", "--hidden-size", "8",
+            "--eval-episodes", "0", "--quiet", "--run-dir", str(run_dir))  # fmt: skip
+    cfg = parse_train("--env", "mpe2:simple_spread_v3", "--continuous-actions", "--num-envs", "2")
+    model = actor_critic(cfg, make_env(cfg.env, seed=0))
+    assert model.action_low.tolist() == [0.0] * 5 and model.action_high.tolist() == [1.0] * 5
+
+
+def test_continuous_actions_are_refused_where_they_do_not_apply(capsys):
+    with pytest.raises(ValueError, match="continuous_actions applies to the multi-agent tasks"):
+        EnvConfig(env="Pendulum-masked", continuous_actions=True)
+    with pytest.raises(ValueError, match="takes its action space from the env itself"):
+        EnvConfig(env="MultiAgentRecall-v0", continuous_actions=True)
+    with pytest.raises(ValueError, match="action_bounds must be finite with low < high"):
+        MultiAgentActorCritic(ModelConfig(memory="gru", hidden_size=8), 3, 5, 2,
+                              action_bounds=(torch.ones(2), torch.zeros(2)))  # fmt: skip
+    model = MultiAgentActorCritic(ModelConfig(memory="gru", hidden_size=8), 3, 5, 4)
+    with pytest.raises(ValueError, match="discrete actions"):
+        model.distribution(torch.zeros(1, 3, 4), torch.ones(1, 3, 4))
 
 
 @needs_vmas
@@ -93,7 +170,8 @@ def test_mappo_reads_the_global_state_and_ippo_does_not():
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
-        (["--algo", "dqn"], "algo=dqn is not available with a multi-agent task"),
+        (["--algo", "dqn"], "algo='dqn' is not available with a multi-agent task"),
+        (["--action-std", "state"], "action_std='state' is not available.*--continuous-actions"),
         (["--obs-norm"], "obs_norm"),
         (["--engine", "torch"], "multi-agent task"),
         (["--multiagent", "qmix"], "invalid choice|multiagent must be"),
