@@ -280,6 +280,13 @@ register_recipe(Recipe(
     "max_steps on success, else 0.",
 ))  # fmt: skip
 register_recipe(Recipe(
+    "vmas", ("vmas:*",), {"ppo": ("--max-episode-steps", "100")}, returns=None,
+    source="VMAS scenarios end an episode only where the scenario says so (balance when the "
+    "package falls, navigation never): a policy that keeps the team going ran one episode "
+    "without end, and the greedy evaluation waited for it; 100 steps is the horizon of the "
+    "VMAS commands in docs/guides/multiagent.md. Returns: no fixed range.",
+))  # fmt: skip
+register_recipe(Recipe(
     "cartpole-masked", ("CartPole-masked",), {}, returns=(0.0, 500.0),
     source="recurrl train's defaults were tuned on it (PPOConfig's docstring); returns: 1 "
     "per step, at most 500 steps.",

@@ -88,6 +88,18 @@ def test_the_minigrid_recipe():
     assert got == ("flat", 1.0, 512, 2, 8, "lstm")  # the memory stays the user's choice
 
 
+def test_the_vmas_recipe_gives_its_scenarios_a_horizon():
+    """VMAS scenarios have no horizon of their own (a balance policy that never drops the
+    package ran one episode without end): the recipe sets 100 steps; a value given wins."""
+    pytest.importorskip("vmas")
+    assert recipe_for("vmas:balance").name == "vmas"
+    assert parse_train("--env", "vmas:navigation").env.max_episode_steps == 100
+    assert (
+        parse_train("--env", "vmas:balance", "--max-episode-steps", "30").env.max_episode_steps
+        == 30
+    )
+
+
 def test_user_options_win_over_the_recipe():
     cfg = parse_train("--env", POPGYM, "--reward-scale", "0.5")
     assert (cfg.ppo.reward_scale, cfg.ppo.obs_scale) == (0.5, 1.0)
