@@ -71,7 +71,7 @@ class ModelConfig:
     """Encoder of image observations (uint8 HxWxC, e.g. MiniGrid's view): cnn (three 3x3
     convolutions and a linear layer), flat (the entries as numbers through one linear
     layer; about 1/100 of the CNN's cost per frame) or onehot (every entry as a category,
-    one learned vector per entry and value, summed; about flat's cost). flat and onehot are
+    one learned vector per entry and value, summed; a few times flat's cost). flat and onehot are
     for small symbolic grids such as MiniGrid's, whose entries are object, colour and state
     indices; onehot keeps different objects apart."""
     recurrent_backend: str = field(default="auto", metadata={"choices": recurrent_backend_names})

@@ -271,13 +271,15 @@ register_recipe(Recipe(
 ))  # fmt: skip
 register_recipe(Recipe(
     "minigrid", ("MiniGrid-*",),
-    {"ppo": ("--image-encoder", "flat", "--reward-scale", "1", "--num-envs", "512", "--epochs",
-             "2", "--num-minibatches", "8")},
+    {"ppo": ("--image-encoder", "onehot", "--reward-scale", "1", "--num-envs", "512",
+             "--epochs", "2", "--num-minibatches", "8")},
     returns=(0.0, 1.0),
     source="docs/guides/fast_recipes.md, section MiniGrid (its command minus --memory gru): "
-    "the flat encoder (1/100 of the CNN's cost per frame), rewards at most 1 left unscaled, "
-    "512 envs x 50 steps in 2 epochs of 8 minibatches. Returns: MiniGrid pays 1 - 0.9 t / "
-    "max_steps on success, else 0.",
+    "the one-hot encoder of the symbolic view (twice the flat encoder's training time, "
+    "far below the CNN's; on MiniGrid-MemoryS7 with a GRU at 2M frames, seeds 0-1, greedy "
+    "means of 0.66 and 0.68 over 100 episodes against the flat encoder's 0.51 and 0.48), "
+    "rewards at most 1 left unscaled, 512 envs x 50 steps in 2 epochs of 8 minibatches. "
+    "Returns: MiniGrid pays 1 - 0.9 t / max_steps on success, else 0.",
 ))  # fmt: skip
 register_recipe(Recipe(
     "vmas", ("vmas:*",), {"ppo": ("--max-episode-steps", "100")}, returns=None,

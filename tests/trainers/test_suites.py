@@ -85,7 +85,7 @@ def test_the_minigrid_recipe():
     cfg = parse_train("--env", "minigrid:MiniGrid-MemoryS7-v0")
     got = (cfg.model.image_encoder, cfg.ppo.reward_scale, cfg.env.num_envs, cfg.ppo.epochs,
            cfg.ppo.num_minibatches, cfg.model.memory)  # fmt: skip
-    assert got == ("flat", 1.0, 512, 2, 8, "lstm")  # the memory stays the user's choice
+    assert got == ("onehot", 1.0, 512, 2, 8, "lstm")  # the memory stays the user's choice
 
 
 def test_the_vmas_recipe_gives_its_scenarios_a_horizon():
