@@ -23,6 +23,19 @@ def test_minibatches_of_whole_rows_cover_the_batch_once():
     assert (rows.diff(dim=1) == 1).all()  # time order kept
 
 
+@pytest.mark.parametrize(("rows", "k"), [(6, 3), (5, 2)])
+def test_minibatches_are_the_chunks_of_one_random_permutation(rows, k):
+    """The rows of minibatch i are ``torch.randperm(rows).chunk(k)[i]`` (the same draw from
+    torch's RNG as indexing once per minibatch), uneven counts included."""
+    torch.manual_seed(3)
+    chunks = torch.randperm(rows).chunk(k)
+    torch.manual_seed(3)
+    mbs = list(minibatches(_grid(rows, 2), num_minibatches=k, slice_len=0))
+    assert len(mbs) == len(chunks)
+    for idx, mb in zip(chunks, mbs, strict=True):
+        assert mb["i"][:, 0].tolist() == (idx * 2).tolist()
+
+
 def test_minibatches_of_slices_are_contiguous_pieces_of_rows():
     mbs = list(minibatches(_grid(4, 6), num_minibatches=4, slice_len=3))
     assert [mb.batch_size for mb in mbs] == [torch.Size([2, 3])] * 4
