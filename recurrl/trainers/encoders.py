@@ -436,7 +436,8 @@ class OneHotImageEncoder(nn.Module):
             )
         batch = pixels.shape[:-3]
         index = pixels.reshape(-1, self.offsets.numel()).long()
-        if index.numel() and (int(index.max()) >= self.num_values or int(index.min()) < 0):
+        checked = index.numel() and not torch.compiler.is_compiling()  # (export traces it)
+        if checked and (int(index.max()) >= self.num_values or int(index.min()) < 0):
             raise ValueError(
                 f"OneHotImageEncoder: every entry must lie in [0, {self.num_values}), "
                 f"received values in [{int(index.min())}, {int(index.max())}]. Fix: a larger "

@@ -363,10 +363,12 @@ def test_dqn_run_exports_its_argmax(tmp_path, capsys):
     torch.testing.assert_close(values, expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
-def test_image_encoder_and_one_hot_transform_are_inside_the_graph(tmp_path, fmt):
-    """A CNN over uint8 pixels and an env's OneHotObservation (discrete observation in)
-    run inside the graph: the exported step equals the eager transform + policy."""
+@pytest.mark.parametrize(("fmt", "encoder"), [("onnx", "cnn"), ("pt2", "cnn"), ("onnx", "onehot"),
+                                              ("pt2", "onehot")])  # fmt: skip
+def test_image_encoder_and_one_hot_transform_are_inside_the_graph(tmp_path, fmt, encoder):
+    """A CNN (or the one-hot grid encoder, MiniGrid's recipe) over uint8 pixels and an env's
+    OneHotObservation (discrete observation in) run inside the graph: the exported step
+    equals the eager transform + policy."""
     _need(fmt)
     from tensordict import TensorDict
 
@@ -377,13 +379,20 @@ def test_image_encoder_and_one_hot_transform_are_inside_the_graph(tmp_path, fmt)
     one_hot = env.transform[0]
     assert env.observation_spec["observation"].shape == (16,)  # sizes read from the spec
     torch.manual_seed(0)
-    model = ActorCritic(ModelConfig(memory="gru", hidden_size=8), ObsInputs(16, (7, 7, 3)), 4)
+    cfg = ModelConfig(memory="gru", hidden_size=8, image_encoder=encoder)
+    model = ActorCritic(cfg, ObsInputs(16, (7, 7, 3)), 4)
     raw = torch.tensor([5, 11])
-    pixels = torch.randint(0, 255, (2, 7, 7, 3), dtype=torch.uint8)
+    high = 255 if encoder == "cnn" else 11  # the one-hot encoder's entries are indices
+    pixels = torch.randint(0, high, (2, 7, 7, 3), dtype=torch.uint8)
     example = TensorDict(observation=raw, pixels=pixels, batch_size=[2])
     meta = export_policy(
-        model.policy(True), example, tmp_path / f"p.{fmt}", format=fmt, batch="dynamic",
-        transforms=[one_hot], outputs=("action", "logits"),
+        model.policy(True),
+        example,
+        tmp_path / f"p.{fmt}",
+        format=fmt,
+        batch="dynamic",
+        transforms=[one_hot],
+        outputs=("action", "logits"),
     )
     assert [(e["name"], e["dtype"]) for e in meta["inputs"][:3]] == [
         ("observation", "int64"), ("pixels", "uint8"), ("is_init", "bool")]  # fmt: skip
