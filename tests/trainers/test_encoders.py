@@ -93,6 +93,26 @@ def test_onehot_encoder_is_a_linear_layer_over_the_one_hot_entries():
     assert sum(p.numel() for p in enc.parameters()) == 147 * 16 * 16 + 16
 
 
+def test_onehot_encoder_gradients_equal_the_one_hot_linear_layers():
+    """The CPU backward (a matmul per value present) gives the gradients of the linear layer
+    over the one-hot view, as torch's embedding_bag backward does (the path without it:
+    no grad on the table)."""
+    torch.manual_seed(1)
+    enc = OneHotImageEncoder((7, 7, 3), 16)
+    pixels = torch.randint(0, 11, (2, 5, 7, 7, 3), dtype=torch.uint8)
+    weights = torch.randn(2, 5, 16)
+    (enc(pixels) * weights).sum().backward()
+    table = enc.table.detach().clone().requires_grad_(True)
+    bias = enc.bias.detach().clone().requires_grad_(True)
+    one_hot = torch.nn.functional.one_hot(pixels.long(), 16).reshape(2, 5, -1).float()
+    (torch.relu(one_hot @ table + bias) * weights).sum().backward()
+    torch.testing.assert_close(enc.table.grad, table.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(enc.bias.grad, bias.grad)
+    enc.table.requires_grad_(False)  # the other path: embedding_bag alone
+    out = enc(pixels)
+    torch.testing.assert_close(out, torch.relu(one_hot @ table + bias).detach())
+
+
 def test_onehot_encoder_keeps_objects_apart_whatever_their_indices():
     """A key (5) and a ball (6) differ by one index, a key and a wall (2) by three: through
     the one-hot encoder both pairs are about equally far apart (the flat encoder puts the
