@@ -38,6 +38,7 @@ from recurrl.trainers.errors import UsageError
 
 __all__ = [
     "ActorCritic",
+    "BoundedActions",
     "CategoricalSampler",
     "EpsilonGreedy",
     "FactorizedCategorical",
@@ -48,6 +49,8 @@ __all__ = [
     "ScaledTanhNormal",
     "TanhNormalSampler",
     "actor_critic",
+    "check_action_bounds",
+    "gaussian_head",
     "make_env",
     "squashed_gaussian",
 ]
@@ -345,6 +348,50 @@ def check_action_bounds(
     return low, high
 
 
+class BoundedActions:
+    """Mixin of the actor-critics (:class:`ActorCritic`, the multi-agent one): continuous
+    actions in ``(low, high)`` bounds, kept as buffers (not in the state_dict: they come from
+    the env), and the tanh-squashed Gaussian over them (:func:`squashed_gaussian`)."""
+
+    continuous: bool
+
+    def _set_action_bounds(
+        self, action_bounds: tuple[object, object] | None, n_actions: int
+    ) -> None:
+        """Check and keep ``action_bounds`` (``None``: discrete actions)."""
+        self.continuous = action_bounds is not None
+        if action_bounds is not None:
+            low, high = check_action_bounds(type(self).__name__, action_bounds, n_actions)
+            self.register_buffer("action_low", low, persistent=False)  # type: ignore[attr-defined]
+            self.register_buffer("action_high", high, persistent=False)  # type: ignore[attr-defined]
+
+    def distribution(self, loc: torch.Tensor, scale: torch.Tensor) -> D.Distribution:
+        """The continuous policy's distribution (:func:`squashed_gaussian`) for the actor's
+        ``loc`` and ``scale`` ``[*B, A]``; ``log_prob`` of an action ``[*B, A]`` is ``[*B]``
+        (any leading dims, e.g. ``[*B, n_agents]``)."""
+        if not self.continuous:
+            raise ValueError(
+                f"{type(self).__name__}.distribution: this model has discrete actions (its "
+                f"actor writes logits). Fix: build it with action_bounds for continuous actions."
+            )
+        return squashed_gaussian(loc, scale, self.action_low, self.action_high)  # type: ignore[attr-defined]
+
+
+def gaussian_head(width: int, n_actions: int, action_std: str) -> nn.Sequential:
+    """``[*B, width] -> (loc, scale)`` ``[*B, n_actions]`` each: an MLP and
+    :class:`GaussianParams` (the std one parameter per entry, or per state with
+    ``action_std="state"``).
+
+    Examples:
+        >>> loc, scale = gaussian_head(8, 2, "parameter")(torch.zeros(5, 8))
+        >>> loc.shape, scale.shape
+        (torch.Size([5, 2]), torch.Size([5, 2]))
+    """
+    state_scale = action_std == "state"
+    outs = 2 * n_actions if state_scale else n_actions
+    return nn.Sequential(MLP(width, outs, num_cells=width), GaussianParams(n_actions, state_scale))
+
+
 class GaussianParams(nn.Module):
     """``x -> (loc, scale)`` of a Gaussian over ``n_actions`` entries.
 
@@ -468,7 +515,7 @@ class ObservationNorm(nn.Module):
         return (x - self.loc) / self.scale * self.extra_scale
 
 
-class ActorCritic(nn.Module):
+class ActorCritic(BoundedActions, nn.Module):
     """Actor (trunk + policy head) and critic (trunk + value head).
 
     Args:
@@ -532,7 +579,7 @@ class ActorCritic(nn.Module):
         action_nvec: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
-        self.continuous = action_bounds is not None
+        self._set_action_bounds(action_bounds, n_actions)
         self.action_nvec = None if action_nvec is None else tuple(int(n) for n in action_nvec)
         if self.action_nvec is not None:
             nvec = self.action_nvec
@@ -544,11 +591,6 @@ class ActorCritic(nn.Module):
                     f"{'given' if action_bounds is not None else 'None'}. Fix: "
                     f"n_actions=sum(action_nvec)."
                 )
-        if action_bounds is not None:
-            low, high = check_action_bounds("ActorCritic", action_bounds, n_actions)
-            # not in the state_dict: they come from the env
-            self.register_buffer("action_low", low, persistent=False)
-            self.register_buffer("action_high", high, persistent=False)
         width = cfg.hidden_size
         inputs = ObsInputs.of(obs_dim)
         self.obs_norm = ObservationNorm(inputs.vector, obs_scale) if obs_norm else None
@@ -568,11 +610,7 @@ class ActorCritic(nn.Module):
         critic_trunk = actor_trunk if cfg.shared_trunk else _trunk(cfg, in_dim, "critic", key)
         a_feat, c_feat = actor_trunk.out_keys[0], critic_trunk.out_keys[0]
         if self.continuous:
-            state_scale = cfg.action_std == "state"
-            outs = 2 * n_actions if state_scale else n_actions
-            head = nn.Sequential(
-                MLP(width, outs, num_cells=width), GaussianParams(n_actions, state_scale)
-            )
+            head = gaussian_head(width, n_actions, cfg.action_std)
             self.actor = Seq(*pre, actor_trunk, Mod(head, [a_feat], ["loc", "scale"]))
         else:
             self.actor = Seq(
@@ -600,16 +638,6 @@ class ActorCritic(nn.Module):
         if self._carry_critic and not deterministic:
             return Seq(self.actor, self.critic[self._critic_trunk_at], sampler)
         return Seq(self.actor, sampler)
-
-    def distribution(self, loc: torch.Tensor, scale: torch.Tensor) -> D.Distribution:
-        """The continuous policy's distribution (:func:`squashed_gaussian`) for the actor's
-        ``"loc"`` and ``"scale"`` ``[*B, A]``; ``log_prob`` of an action ``[*B, A]`` is ``[*B]``."""
-        if not self.continuous:
-            raise ValueError(
-                "ActorCritic.distribution: this model has a discrete action (its actor writes "
-                "'logits'). Fix: build it with action_bounds for a continuous action."
-            )
-        return squashed_gaussian(loc, scale, self.action_low, self.action_high)
 
     def factorized_distribution(self, logits: torch.Tensor) -> FactorizedCategorical:
         """The ``MultiDiscrete`` policy's :class:`FactorizedCategorical` for the actor's

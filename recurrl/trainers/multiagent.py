@@ -31,7 +31,6 @@ from typing import Any
 import torch
 from tensordict.nn import TensorDictModule as Mod
 from tensordict.nn import TensorDictSequential as Seq
-from torch import distributions as D
 from torch import nn
 
 from recurrl.envs import Compose, InitTracker, RewardSum, TeamReward, TransformedEnv, specs
@@ -42,11 +41,10 @@ from recurrl.objectives import multiagent_critic
 from recurrl.trainers.config import EnvConfig, ModelConfig, TrainConfig
 from recurrl.trainers.errors import UsageError
 from recurrl.trainers.models import (
+    BoundedActions,
     CategoricalSampler,
-    GaussianParams,
     TanhNormalSampler,
-    check_action_bounds,
-    squashed_gaussian,
+    gaussian_head,
 )
 
 __all__ = [
@@ -149,7 +147,7 @@ def make_multiagent_train_env(
     return TransformedEnv(base, Compose(InitTracker(), TeamReward(GROUP), RewardSum()))
 
 
-class MultiAgentActorCritic(nn.Module):
+class MultiAgentActorCritic(BoundedActions, nn.Module):
     """A shared actor and a MAPPO or IPPO critic for the agents of one group.
 
     Args:
@@ -207,12 +205,8 @@ class MultiAgentActorCritic(nn.Module):
         super().__init__()
         self.group = group
         self.obs_norm = None
-        self.continuous = action_bounds is not None
+        self._set_action_bounds(action_bounds, n_actions)
         self.action_nvec = None
-        if action_bounds is not None:
-            low, high = check_action_bounds("MultiAgentActorCritic", action_bounds, n_actions)
-            self.register_buffer("action_low", low, persistent=False)  # from the env
-            self.register_buffer("action_high", high, persistent=False)
         width = cfg.hidden_size
         obs, features = (group, "observation"), (group, "actor_features")
         if cfg.memory == FEED_FORWARD:
@@ -234,11 +228,7 @@ class MultiAgentActorCritic(nn.Module):
                     f"with a multi-agent env, or --memory none."
                 ) from err
         if self.continuous:
-            state_scale = cfg.action_std == "state"
-            outs = 2 * n_actions if state_scale else n_actions
-            gaussian = nn.Sequential(
-                MLP(width, outs, num_cells=width), GaussianParams(n_actions, state_scale)
-            )
+            gaussian = gaussian_head(width, n_actions, cfg.action_std)
             head = Mod(gaussian, [features], [(group, "loc"), (group, "scale")])
         else:
             head = Mod(MLP(width, n_actions, num_cells=width), [features], [(group, "logits")])
@@ -266,17 +256,6 @@ class MultiAgentActorCritic(nn.Module):
         if self.recurrent and not deterministic:
             return Seq(self.actor, self.critic[0], sampler)
         return Seq(self.actor, sampler)
-
-    def distribution(self, loc: torch.Tensor, scale: torch.Tensor) -> D.Distribution:
-        """The continuous policy's distribution (:func:`~recurrl.trainers.models.
-        squashed_gaussian`) for ``(group, "loc")`` and ``(group, "scale")`` ``[*B, n_agents,
-        A]``; ``log_prob`` of an action ``[*B, n_agents, A]`` is ``[*B, n_agents]``."""
-        if not self.continuous:
-            raise ValueError(
-                "MultiAgentActorCritic.distribution: this model has discrete actions (its actor "
-                "writes logits). Fix: build it with action_bounds for continuous actions."
-            )
-        return squashed_gaussian(loc, scale, self.action_low, self.action_high)
 
 
 def multiagent_actor_critic(cfg: TrainConfig, env) -> MultiAgentActorCritic:

@@ -142,6 +142,33 @@ def test_mpe_with_continuous_actions_trains_in_its_own_bounds(tmp_path, capsys):
     assert model.action_low.tolist() == [0.0] * 5 and model.action_high.tolist() == [1.0] * 5
 
 
+def test_agents_with_different_action_bounds_are_refused_by_the_shared_actor():
+    from types import SimpleNamespace
+
+    from recurrl.envs import specs
+    from recurrl.trainers.errors import UsageError
+    from recurrl.trainers.multiagent import multiagent_actor_critic
+
+    low = torch.tensor([[-1.0, -1.0], [-2.0, -2.0]])  # agent 1's bounds are wider
+    obs = specs.Unbounded(shape=(4, 2, 3))
+    action = specs.Bounded(low=low.expand(4, 2, 2), high=-low.expand(4, 2, 2), shape=(4, 2, 2))
+    env = SimpleNamespace(
+        observation_spec=specs.Composite(agents=specs.Composite(observation=obs, shape=(4, 2)),
+                                         shape=(4,)),
+        full_action_spec=specs.Composite(agents=specs.Composite(action=action, shape=(4, 2)),
+                                         shape=(4,)),
+        batch_size=torch.Size([4]),
+    )  # fmt: skip
+    cfg = TrainConfig(env=EnvConfig(env="MultiAgentRecall-v0"))
+    with pytest.raises(UsageError, match="action bounds differ between agents"):
+        multiagent_actor_critic(cfg, env)
+    env.full_action_spec["agents", "action"] = specs.Bounded(
+        low=-torch.ones(4, 2, 2), high=torch.ones(4, 2, 2), shape=(4, 2, 2)
+    )
+    model = multiagent_actor_critic(cfg, env)
+    assert model.continuous and model.action_high.tolist() == [1.0, 1.0]
+
+
 def test_continuous_actions_are_refused_where_they_do_not_apply(capsys):
     with pytest.raises(ValueError, match="continuous_actions applies to the multi-agent tasks"):
         EnvConfig(env="Pendulum-masked", continuous_actions=True)
