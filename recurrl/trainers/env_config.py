@@ -97,6 +97,11 @@ class EnvConfig:
     Gaussian rescaled to the bounds) instead of discrete ones (VMAS's and MPE's
     continuous_actions argument). A task whose actions are only continuous trains so without
     it; single-agent envs take their action space from the env itself."""
+    observation_keep: str | None = None
+    """Multi-agent tasks: keep only these entries of each agent's observation vector, hiding
+    the others (a partially observed task, as CartPole-masked is for one agent), written as
+    indices and inclusive ranges, e.g. 2-13 (VMAS simple_spread without each agent's own
+    velocity, entries 0-1). None keeps every entry."""
 
     def __post_init__(self) -> None:
         finite(self)
@@ -121,6 +126,45 @@ class EnvConfig:
                     f"takes its action space from the env itself. Fix: drop "
                     f"--continuous-actions (a Box action space trains as continuous by itself)."
                 )
+        if self.observation_keep is not None:
+            self.kept_entries()  # validates the spelling
+            if not self.is_multiagent():
+                raise ValueError(
+                    f"EnvConfig: observation_keep applies to multi-agent tasks (vmas:..., "
+                    f"mpe2:..., MultiAgentRecall-v0); {self.env!r} is not one. Fix: a "
+                    f"built-in masked env ({', '.join(sorted(MASKED_ENVS))}), or "
+                    f"recurrl.envs.transforms.MaskObservation on your own env."
+                )
+
+    def kept_entries(self) -> list[int] | None:
+        """:attr:`observation_keep` as a list of indices (``None`` if unset).
+
+        Examples:
+            >>> EnvConfig(env="vmas:simple_spread", observation_keep="2-5,9").kept_entries()
+            [2, 3, 4, 5, 9]
+        """
+        if self.observation_keep is None:
+            return None
+        text = self.observation_keep
+        entries: list[int] = []
+        try:
+            for part in text.split(","):
+                low, _, high = part.strip().partition("-")
+                first, last = int(low), int(high) if high else int(low)
+                if first < 0 or last < first:
+                    raise ValueError
+                entries.extend(range(first, last + 1))
+        except ValueError:
+            raise ValueError(
+                f"EnvConfig: observation_keep must be indices >= 0 and ranges a-b (a <= b) "
+                f"separated by commas, e.g. '2-13' or '0,2,4-6'; received {text!r}."
+            ) from None
+        if len(set(entries)) != len(entries):
+            raise ValueError(
+                f"EnvConfig: observation_keep names an entry twice ({text!r}); each entry "
+                f"is kept once. Fix: list each index once."
+            )
+        return entries
 
     def resolved_engine(self) -> str:
         """``"torch"`` or ``"gymnasium"``: :attr:`engine`, with ``auto`` resolved for the id.

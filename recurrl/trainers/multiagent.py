@@ -33,7 +33,15 @@ from tensordict.nn import TensorDictModule as Mod
 from tensordict.nn import TensorDictSequential as Seq
 from torch import nn
 
-from recurrl.envs import Compose, InitTracker, RewardSum, TeamReward, TransformedEnv, specs
+from recurrl.envs import (
+    Compose,
+    InitTracker,
+    MaskObservation,
+    RewardSum,
+    TeamReward,
+    TransformedEnv,
+    specs,
+)
 from recurrl.envs.multiagent import is_multiagent_env_id, make_multiagent_env
 from recurrl.modules import MEMORY_REGISTRY, MLP
 from recurrl.modules.registry import FEED_FORWARD
@@ -144,7 +152,18 @@ def make_multiagent_train_env(
             f"or bounded vectors (Bounded float), received {type(action).__name__} "
             f"({action.dtype}). Fix: a task with such actions."
         )
-    return TransformedEnv(base, Compose(InitTracker(), TeamReward(GROUP), RewardSum()))
+    transforms = [InitTracker(), TeamReward(GROUP), RewardSum()]
+    keep = cfg.kept_entries()
+    if keep is not None:
+        size = base.full_observation_spec[GROUP, "observation"].shape[-1]
+        if max(keep) >= size:
+            raise UsageError(
+                f"recurrl train --env {cfg.env} --observation-keep {cfg.observation_keep}: "
+                f"each agent's observation has {size} entries (0-{size - 1}); entry "
+                f"{max(keep)} does not exist. Fix: indices below {size}."
+            )
+        transforms.insert(0, MaskObservation(keep, in_key=(GROUP, "observation")))
+    return TransformedEnv(base, Compose(*transforms))
 
 
 class MultiAgentActorCritic(BoundedActions, nn.Module):

@@ -252,3 +252,45 @@ def test_mappo_with_ray_workers(ray_session, tmp_path, capsys):
     lines = run_cli(capsys, "train", *argv, "--eval-episodes", "2", "--run-dir", str(run_dir))
     assert any(line.startswith("greedy evaluation: mean_return:") for line in lines)
     assert [int(r["frames"]) for r in read_metrics(run_dir)] == [32, 64]
+
+
+def test_observation_keep_hides_the_same_entries_of_every_agent(tmp_path, capsys):
+    keep = EnvConfig(env="MultiAgentRecall-v0", num_envs=2, observation_keep="0,2-4")
+    masked, full = (make_env(c, seed=3) for c in (keep, EnvConfig(env="MultiAgentRecall-v0",
+                                                                      num_envs=2)))  # fmt: skip
+    assert masked.observation_spec["agents", "observation"].shape == (2, 3, 4)
+    a, b = masked.rollout(5), full.rollout(5, break_when_any_done=True)
+    steps = min(a.shape[1], b.shape[1])
+    torch.testing.assert_close(
+        a["agents", "observation"][:, :steps],
+        b["agents", "observation"][:, :steps][..., [0, 2, 3, 4]],
+    )
+    # a run trains on what is kept: the actor reads 4 entries per agent, config.json has it
+    run_dir = tmp_path / "run"
+    run_cli(capsys, "train", *RECALL, "--memory", "gru", "--observation-keep", "0,2-4",
+            "--eval-episodes", "1", "--run-dir", str(run_dir))  # fmt: skip
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["env"]["observation_keep"] == "0,2-4"
+    assert len(evaluate(run_dir, episodes=1)) == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("2-x", "indices >= 0 and ranges a-b"),
+        ("3-1", "indices >= 0 and ranges a-b"),
+        ("-1", "indices >= 0 and ranges a-b"),
+        ("", "indices >= 0 and ranges a-b"),
+        ("1,0-2", "names an entry twice"),
+    ],
+)
+def test_observation_keep_spellings_are_checked_when_the_config_is_made(text, match):
+    with pytest.raises(ValueError, match=match):
+        EnvConfig(env="MultiAgentRecall-v0", observation_keep=text)
+
+
+def test_observation_keep_is_refused_where_it_does_not_apply(tmp_path, capsys):
+    with pytest.raises(ValueError, match=r"applies to multi-agent tasks.*MaskObservation"):
+        EnvConfig(env="CartPole-v1", observation_keep="0")
+    with pytest.raises(ValueError, match=r"has 8 entries \(0-7\); entry 8 does not exist"):
+        make_env(EnvConfig(env="MultiAgentRecall-v0", num_envs=2, observation_keep="5-8"), seed=0)
