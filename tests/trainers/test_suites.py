@@ -83,9 +83,16 @@ def test_the_defaults_differ_by_env_family():
 def test_the_minigrid_recipe():
     pytest.importorskip("minigrid")
     cfg = parse_train("--env", "minigrid:MiniGrid-MemoryS7-v0")
-    got = (cfg.model.image_encoder, cfg.ppo.reward_scale, cfg.env.num_envs, cfg.ppo.epochs,
-           cfg.ppo.num_minibatches, cfg.model.memory)  # fmt: skip
-    assert got == ("onehot", 1.0, 512, 2, 8, "lstm")  # the memory stays the user's choice
+    got = (cfg.model.image_encoder, cfg.ppo.reward_scale, cfg.env.num_envs,
+           cfg.ppo.steps_per_env, cfg.ppo.epochs, cfg.ppo.num_minibatches,
+           cfg.ppo.entropy_coef, cfg.ppo.entropy_coef_end, cfg.ppo.clip_epsilon_end,
+           cfg.ppo.max_grad_norm, cfg.model.memory)  # fmt: skip
+    # the memory stays the user's choice
+    assert got == ("onehot", 1.0, 256, 100, 4, 8, 0.02, 0.005, 0.05, 0.5, "lstm")
+    # the suite's budget is whole batches of the recipe, at most 2M frames
+    frames = SUITES["minigrid-memory"].frames
+    batch = cfg.env.num_envs * cfg.ppo.steps_per_env
+    assert frames % batch == 0 and frames <= 2_000_000 < frames + batch
 
 
 def test_the_vmas_recipe_gives_its_scenarios_a_horizon():
