@@ -27,7 +27,7 @@ import recurrl
 #: The layers of the package, lowest first; a subpackage imports only its own layer's
 #: code and lower layers. ``""`` is ``recurrl/__init__.py`` (the version string).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("", "_compat", "_lazy_dynamo"),  # the version string; tensordict releases; dynamo import
+    ("", "_compat"),  # the version string; what differs between tensordict releases
     ("_ext",),  # C++ kernels, compiled on first use
     ("functional",),  # pure tensor code
     ("modules",),  # TensorDict modules

@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from recurrl._lazy_dynamo import rebind_when_dynamo_loads, when_dynamo_loads
 from recurrl.functional.precision import resolve_recurrent_matmul_precision
 from recurrl.functional.recurrent.config import RNNConfig, drive_layers
 from recurrl.functional.sequences import segment_starts
@@ -152,14 +151,11 @@ def triton_launch(launch: TritonLaunch | None = None, **changes: int) -> Iterato
         _launch = previous
 
 
+@torch.compiler.assume_constant_result  # read once per compilation, not traced into triton
 def _interpreting() -> bool:
     from recurrl.functional.recurrent.triton_kernels import interpreting
 
     return interpreting()
-
-
-# read once per compilation, not traced into triton (marked when torch._dynamo is imported)
-when_dynamo_loads(lambda: torch.compiler.assume_constant_result(_interpreting))
 
 
 def triton_unavailable_reason(device: torch.device | str | None = None) -> str | None:
@@ -469,6 +465,7 @@ class _TritonLayerRecompute(torch.autograd.Function):
         return d_x, d_w_ih, d_b_ih, d_b_hh, d_sh, d_sc, None, d_w_hh, None
 
 
+@torch.compiler.disable
 def _apply_layer(lw, x: Tensor, sh: Tensor, sc: Tensor | None, reset: Tensor, opts: _Options):
     """One layer through the kernels. Kept out of ``torch.compile``'s graphs (a graph break):
     the kernels are launched eagerly and autograd runs the layer's own backward, while the
@@ -479,10 +476,6 @@ def _apply_layer(lw, x: Tensor, sh: Tensor, sc: Tensor | None, reset: Tensor, op
         )
     xp, b_hn = _project(x, lw.weight_ih, lw.bias_ih, lw.bias_hh, opts.lstm)
     return _TritonLayer.apply(xp.contiguous(), sh, sc, reset, lw.weight_hh, b_hn, opts)
-
-
-# a graph break: wrapped by torch.compiler.disable once torch._dynamo is imported
-rebind_when_dynamo_loads(globals(), "_apply_layer", torch.compiler.disable)
 
 
 def triton_unroll(
