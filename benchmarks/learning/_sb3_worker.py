@@ -69,6 +69,25 @@ def evaluate(model, env_id: str, seed: int, episodes: int) -> list[float]:
     return returns
 
 
+def _progress_callback(progress, began: float):
+    """A callback writing, after each rollout, the frames so far, the seconds since training
+    began and the mean return of the last 20 finished episodes: a run stopped before its end
+    still leaves its learning curve."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class Progress(BaseCallback):
+        def _on_step(self) -> bool:
+            return True
+
+        def _on_rollout_end(self) -> None:
+            recent = [float(info["r"]) for info in list(self.model.ep_info_buffer)[-20:]]
+            mean = f"{np.mean(recent):.4f}" if recent else ""
+            progress.write(f"{self.model.num_timesteps},{time.perf_counter() - began:.1f},{mean}\n")
+            progress.flush()
+
+    return Progress()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", required=True)
@@ -88,11 +107,14 @@ def main() -> None:
     from stable_baselines3.common.env_util import make_vec_env
 
     venv = make_vec_env(lambda: make_env(args.env), n_envs=args.envs, seed=args.seed)
+    progress = open(args.out + ".progress.csv", "w")  # noqa: SIM115  (closed below)
+    progress.write("frames,time_s,train_return\n")
     hyper = {"n_steps": args.n_steps, "batch_size": args.batch_size, "n_epochs": args.epochs}
     model = RecurrentPPO("MlpLstmPolicy", venv, seed=args.seed, device="cpu", verbose=0, **hyper)
     began = time.perf_counter()
-    model.learn(total_timesteps=args.frames)
+    model.learn(total_timesteps=args.frames, callback=_progress_callback(progress, began))
     train_s = time.perf_counter() - began
+    progress.close()
     recent = [float(info["r"]) for info in list(model.ep_info_buffer)[-20:]]
     returns = evaluate(model, args.env, args.seed, args.eval_episodes)
     result = {

@@ -8,7 +8,9 @@ the versions recurrl uses; neither is a dependency of recurrl), one process per 
 (the task family's recipe, what ``recurrl train --env TASK`` alone trains with). Both get
 one thread and the same frames; both are evaluated greedily on 20 episodes they never
 trained on. A run's wall time counts the whole process (start-up and evaluation included),
-its training time only the training loop. Results go to ``OUT/<task>/<who>-s<seed>.json``;
+its training time only the training loop. Results go to ``OUT/<task>/<who>-s<seed>.json``
+(the peer also writes its learning curve, rollout by rollout, to
+``sb3-s<seed>.json.progress.csv``, so a run stopped early still tells how far it got);
 finished runs are skipped, so the same command resumes. The table (Markdown) goes to stdout
 and ``OUT/summary.md``::
 
@@ -51,12 +53,14 @@ DEFAULT_VENV = Path.home() / ".cache" / "recurrl-bench" / "sb3-venv"
 
 def setup(venv: Path) -> None:
     """The peer's virtual environment: this Python's packages underneath (torch, gymnasium,
-    popgym, minigrid), stable-baselines3 and sb3-contrib installed into it."""
+    popgym), stable-baselines3, sb3-contrib and MiniGrid (recurrl's ``minigrid`` extra, which
+    the recurrl side needs too) installed into it."""
     if not (venv / "bin" / "python").exists():
         subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
                        check=True)  # fmt: skip
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
-                    "stable-baselines3>=2.3", "sb3-contrib>=2.3"], check=True)  # fmt: skip
+                    "stable-baselines3>=2.3", "sb3-contrib>=2.3", "minigrid>=2.3"],
+                   check=True)  # fmt: skip
 
 
 def _threads_env() -> dict[str, str]:
