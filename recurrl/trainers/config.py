@@ -346,6 +346,8 @@ SAVED_BEFORE: dict[tuple[str, str], Any] = {
     ("ppo", "multiagent"): "mappo",
     ("run", "placement_timeout_s"): None,
 }
+#: what ``PPOConfig.obs_scale`` is unless set (a multi-agent run refuses any other value)
+_OBS_SCALE_DEFAULT = PPOConfig.obs_scale
 #: ``EnvConfig.num_envs`` when it is None: the number each algorithm's recipe was tuned with
 DEFAULT_NUM_ENVS = {"ppo": 20, "dqn": 8}
 #: ``PPOConfig.num_minibatches`` when it is None: the largest divisor of a batch's rows up to this
@@ -443,6 +445,11 @@ class TrainConfig:
         refused = {
             "algo": (self.algo != "ppo", "--algo ppo (MAPPO or IPPO: --multiagent)"),
             "obs_norm": (self.ppo.obs_norm, "drop --obs-norm"),
+            "obs_scale": (
+                self.ppo.obs_scale != _OBS_SCALE_DEFAULT,
+                "drop --obs-scale (the agents' networks read each observation as the env "
+                "gives it; scale it in the env, e.g. a transform, if it needs scaling)",
+            ),
             "shared_trunk": (self.model.shared_trunk, "drop --shared-trunk"),
             "action_std": (
                 discrete and self.model.action_std != "parameter",
@@ -452,7 +459,8 @@ class TrainConfig:
         }
         for name, (bad, fix) in refused.items():
             if bad:
-                value = {"algo": self.algo, "action_std": self.model.action_std}.get(name, True)
+                value = {"algo": self.algo, "action_std": self.model.action_std,
+                         "obs_scale": self.ppo.obs_scale}.get(name, True)  # fmt: skip
                 raise ValueError(
                     f"TrainConfig: {name}={value!r} is not available with a multi-agent task "
                     f"({self.env.env!r}). Fix: {fix}."

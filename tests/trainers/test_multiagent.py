@@ -200,6 +200,7 @@ def test_mappo_reads_the_global_state_and_ippo_does_not():
         (["--algo", "dqn"], "algo='dqn' is not available with a multi-agent task"),
         (["--action-std", "state"], "action_std='state' is not available.*--continuous-actions"),
         (["--obs-norm"], "obs_norm"),
+        (["--obs-scale", "1"], r"obs_scale=1.0 is not available.*Fix: drop --obs-scale"),
         (["--engine", "torch"], "multi-agent task"),
         (["--multiagent", "qmix"], "invalid choice|multiagent must be"),
     ],
