@@ -32,6 +32,7 @@ from recurrl.envs.torch_envs import (
 )
 from recurrl.envs.transforms import (
     Compose,
+    FlickerObservation,
     GrayScale,
     InitTracker,
     MaskObservation,
@@ -70,6 +71,7 @@ __all__ = [
     "EnvCreator",
     "EnvPoolEnv",
     "ExplorationType",
+    "FlickerObservation",
     "GrayScale",
     "GymEnv",
     "GymVecEnv",

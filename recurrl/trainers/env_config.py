@@ -102,6 +102,11 @@ class EnvConfig:
     the others (a partially observed task, as CartPole-masked is for one agent), written as
     indices and inclusive ranges, e.g. 2-13 (VMAS simple_spread without each agent's own
     velocity, entries 0-1). None keeps every entry."""
+    observation_flicker: float | None = None
+    """Multi-agent tasks: hide each agent's whole observation (zeros) with this probability,
+    drawn anew for every agent at every step (a flickering, partially observed task: a policy
+    must carry what it saw across the steps it sees nothing), after observation_keep. None
+    (or 0) never hides."""
 
     def __post_init__(self) -> None:
         finite(self)
@@ -134,6 +139,20 @@ class EnvConfig:
                     f"mpe2:..., MultiAgentRecall-v0); {self.env!r} is not one. Fix: a "
                     f"built-in masked env ({', '.join(sorted(MASKED_ENVS))}), or "
                     f"recurrl.envs.transforms.MaskObservation on your own env."
+                )
+
+        if self.observation_flicker is not None:
+            if not 0.0 <= self.observation_flicker < 1.0:
+                raise ValueError(
+                    f"EnvConfig: observation_flicker is the probability of hiding an agent's "
+                    f"observation, in [0, 1), received {self.observation_flicker}. Fix: e.g. "
+                    f"--observation-flicker 0.5."
+                )
+            if not self.is_multiagent():
+                raise ValueError(
+                    f"EnvConfig: observation_flicker applies to multi-agent tasks (vmas:..., "
+                    f"mpe2:..., MultiAgentRecall-v0); {self.env!r} is not one. Fix: "
+                    f"recurrl.envs.transforms.FlickerObservation on your own env."
                 )
 
     def kept_entries(self) -> list[int] | None:

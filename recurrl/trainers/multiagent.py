@@ -35,6 +35,7 @@ from torch import nn
 
 from recurrl.envs import (
     Compose,
+    FlickerObservation,
     InitTracker,
     MaskObservation,
     RewardSum,
@@ -163,6 +164,10 @@ def make_multiagent_train_env(
                 f"{max(keep)} does not exist. Fix: indices below {size}."
             )
         transforms.insert(0, MaskObservation(keep, in_key=(GROUP, "observation")))
+    if cfg.observation_flicker:
+        flicker = FlickerObservation(cfg.observation_flicker, in_key=(GROUP, "observation"),
+                                     seed=None if seed is None else seed + 7919)  # fmt: skip
+        transforms.insert(1 if keep is not None else 0, flicker)
     return TransformedEnv(base, Compose(*transforms))
 
 

@@ -275,6 +275,37 @@ def test_observation_keep_hides_the_same_entries_of_every_agent(tmp_path, capsys
     assert len(evaluate(run_dir, episodes=1)) == 1
 
 
+def test_observation_flicker_hides_whole_agent_views(tmp_path, capsys):
+    cfg = EnvConfig(env="MultiAgentRecall-v0", num_envs=64, observation_keep="0,2-4",
+                    observation_flicker=0.5)  # fmt: skip
+    plain = EnvConfig(env="MultiAgentRecall-v0", num_envs=64, observation_keep="0,2-4")
+
+    def observations(config):
+        torch.manual_seed(0)  # the same random actions
+        return make_env(config, seed=3).rollout(4)["agents", "observation"]  # [64, T, 3, 4]
+
+    obs, full = observations(cfg), observations(plain)
+    assert obs.shape == full.shape == (64, 4, 3, 4)
+    seen = (full != 0).any(-1)  # the views that hold something
+    hidden = (obs == 0).all(-1) & seen
+    assert bool(((obs == full).all(-1) | hidden).all())  # a view is kept whole or hidden whole
+    assert 0.3 < hidden.sum().item() / seen.sum().item() < 0.7
+    assert torch.equal(obs, observations(cfg))  # the draws follow the run's seed
+    run_dir = tmp_path / "run"
+    run_cli(capsys, "train", *RECALL, "--memory", "gru", "--observation-flicker", "0.25",
+            "--eval-episodes", "1", "--run-dir", str(run_dir))  # fmt: skip
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["env"]["observation_flicker"] == 0.25
+    assert len(evaluate(run_dir, episodes=1)) == 1
+
+
+def test_observation_flicker_is_checked_when_the_config_is_made():
+    with pytest.raises(ValueError, match=r"in \[0, 1\).*Fix"):
+        EnvConfig(env="MultiAgentRecall-v0", observation_flicker=1.0)
+    with pytest.raises(ValueError, match=r"applies to multi-agent tasks.*FlickerObservation"):
+        EnvConfig(env="CartPole-v1", observation_flicker=0.5)
+
+
 @pytest.mark.parametrize(
     ("text", "match"),
     [

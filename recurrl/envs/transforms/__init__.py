@@ -1,5 +1,6 @@
 """Env transforms: the Transform base, TransformedEnv, Compose and one transform per file."""
 
+from recurrl.envs.transforms.flicker_observation import FlickerObservation
 from recurrl.envs.transforms.from_module import (
     get_env_transforms_from_module,
     get_primers_from_module,
@@ -23,6 +24,7 @@ from recurrl.envs.transforms.transform import Compose, Transform, TransformedEnv
 
 __all__ = [
     "Compose",
+    "FlickerObservation",
     "GrayScale",
     "InitTracker",
     "MaskObservation",

@@ -10,6 +10,7 @@ from tensordict import TensorDict
 from recurrl.envs import (
     Compose,
     Composite,
+    FlickerObservation,
     GrayScale,
     GymEnv,
     InitTracker,
@@ -310,6 +311,7 @@ def _transform_factories():
         "reward_sum": lambda: RewardSum(),
         "mask_observation": lambda: MaskObservation([0, 2]),
         "mask_observation_out_key": lambda: MaskObservation([1], out_key="partial"),
+        "flicker_observation": lambda: FlickerObservation(0.5, seed=0),
         "previous_action": lambda: PreviousAction(),
         "previous_action_one_hot": lambda: PreviousAction(one_hot=True),
         "previous_reward": lambda: PreviousReward(),
@@ -423,6 +425,7 @@ class TestTransformContract:
         PreviousAction,
         PreviousReward,
         lambda: MaskObservation([0]),
+        lambda: FlickerObservation(0.5),
         OneHotObservation,
         lambda: Compose(InitTracker()),
     ],
