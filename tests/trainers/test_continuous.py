@@ -8,7 +8,6 @@ import re
 import pytest
 import torch
 from tensordict import TensorDict
-from torch import distributions as D
 
 from recurrl.trainers import PPOTrainer
 from recurrl.trainers.cli import main
@@ -16,9 +15,7 @@ from recurrl.trainers.config import EnvConfig, ModelConfig, RunConfig, TrainConf
 from recurrl.trainers.models import (
     ActorCritic,
     GaussianParams,
-    ScaledTanhNormal,
     make_env,
-    squashed_gaussian,
 )
 
 from ._helpers import check_resume_replays, parse_train, run_cli, train_tiny_lstm
@@ -36,51 +33,6 @@ LOW, HIGH = torch.tensor([-1.0, 0.0]), torch.tensor([3.0, 0.5])
 def _model(memory: str = "none", action_std: str = "parameter") -> ActorCritic:
     cfg = ModelConfig(memory=memory, hidden_size=8, action_std=action_std)
     return ActorCritic(cfg, 3, 2, action_bounds=(LOW, HIGH))
-
-
-# ---------------------------------------------------------------- the distribution
-def test_log_prob_is_the_hand_computed_density_with_both_jacobians():
-    torch.manual_seed(0)
-    loc, scale = torch.randn(5, 2), torch.rand(5, 2) + 0.2
-    action = LOW + (HIGH - LOW) * torch.rand(5, 2)
-    half = (HIGH - LOW) / 2
-    y = (action - (HIGH + LOW) / 2) / half
-    u = 0.5 * torch.log((1 + y) / (1 - y))  # atanh
-    normal = -((u - loc) ** 2) / (2 * scale**2) - torch.log(scale) - 0.5 * math.log(2 * math.pi)
-    hand = (normal - torch.log(1 - y**2) - torch.log(half)).sum(-1)
-    got = squashed_gaussian(loc, scale, LOW, HIGH).log_prob(action)
-    assert got.shape == (5,)
-    torch.testing.assert_close(got, hand, rtol=1e-4, atol=1e-4)
-    # the same density as torch's own tanh-then-affine transformed Normal
-    ref = D.TransformedDistribution(
-        D.Normal(loc, scale),
-        [D.TanhTransform(), D.AffineTransform((HIGH + LOW) / 2, half)],
-    )
-    torch.testing.assert_close(got, ref.log_prob(action).sum(-1), rtol=1e-4, atol=1e-4)
-
-
-def test_samples_stay_in_the_bounds_and_keep_a_finite_log_prob():
-    torch.manual_seed(0)
-    loc = torch.tensor([[-40.0, 40.0], [40.0, -40.0], [0.0, 0.0]]).repeat(100, 1)
-    dist = squashed_gaussian(loc, torch.full_like(loc, 7.0), LOW, HIGH)
-    action = dist.sample()
-    assert ((action >= LOW) & (action <= HIGH)).all()
-    assert torch.isfinite(dist.log_prob(action)).all()
-    # on the bounds exactly (tanh rounds to +-1): clamped, still finite
-    assert torch.isfinite(dist.log_prob(torch.stack([LOW, HIGH]).repeat(150, 1))).all()
-
-
-def test_entropy_estimate_is_unbiased_and_differentiable():
-    torch.manual_seed(0)
-    loc = torch.full((20_000, 1), 0.3)
-    log_std = torch.zeros(1, requires_grad=True)
-    d = ScaledTanhNormal(loc, log_std.exp().expand_as(loc), LOW[:1], HIGH[:1])
-    estimate = d.entropy().mean()
-    estimate.backward()
-    assert log_std.grad is not None and log_std.grad.abs() > 0
-    with torch.no_grad():  # Monte Carlo of -E[log p(a)] from fresh samples
-        reference = -d.log_prob(d.sample()).mean()
-    assert abs(estimate.item() - reference.item()) < 0.05
 
 
 # ---------------------------------------------------------------- the head

@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 from tensordict import TensorDict
-from torch.distributions import Categorical
 
 from recurrl.functional.recurrent import recurrent_backend_names
 from recurrl.modules import GRUModule, LRUModule, LSTMModule, MinGRUModule, memory_names
@@ -19,7 +18,6 @@ from recurrl.trainers.models import (
     ActorCritic,
     EpsilonGreedy,
     FactorizedCategorical,
-    FactorizedCategoricalSampler,
     ObservationNorm,
     _trunk,
     actor_critic,
@@ -93,52 +91,6 @@ def test_actor_critic_obs_norm_feeds_both_trunks_the_standardized_vector():
 
 # ---------------------------------------------------------------- MultiDiscrete actions
 NVEC = (3, 1, 4)
-
-
-def _per_dim(logits: torch.Tensor) -> list[Categorical]:
-    """The reference: one torch Categorical per dimension, sliced by hand."""
-    return [Categorical(logits=logits[..., 0:3]), Categorical(logits=logits[..., 3:4]),
-            Categorical(logits=logits[..., 4:8])]  # fmt: skip
-
-
-def test_factorized_log_prob_and_entropy_are_the_sums_over_dimensions():
-    torch.manual_seed(0)
-    logits = torch.randn(5, 6, 8) * 3
-    dist = FactorizedCategorical(logits, NVEC)
-    action = torch.stack([torch.randint(0, n, (5, 6)) for n in NVEC], dim=-1)
-    ref = _per_dim(logits)
-    expected = sum(d.log_prob(action[..., k]) for k, d in enumerate(ref))
-    assert dist.batch_shape == (5, 6) and dist.event_shape == (3,)
-    torch.testing.assert_close(dist.log_prob(action), expected)
-    torch.testing.assert_close(dist.entropy(), sum(d.entropy() for d in ref))
-    # the probabilities of all 12 joint actions of one state sum to 1
-    joint = torch.cartesian_prod(*(torch.arange(n) for n in NVEC))
-    one = FactorizedCategorical(logits[0, 0].expand(len(joint), 8), NVEC)
-    torch.testing.assert_close(one.log_prob(joint).exp().sum(), torch.tensor(1.0))
-
-
-def test_factorized_greedy_is_the_per_dimension_argmax_and_samples_stay_in_range():
-    torch.manual_seed(0)
-    logits = torch.randn(200, 8)
-    dist = FactorizedCategorical(logits, NVEC)
-    expected = torch.stack([d.logits.argmax(-1) for d in _per_dim(logits)], dim=-1)
-    assert torch.equal(dist.mode, expected) and dist.mode.shape == (200, 3)
-    sample = dist.sample()
-    assert sample.shape == (200, 3) and sample.dtype == torch.int64
-    assert ((sample >= 0) & (sample < torch.tensor(NVEC))).all()
-    assert sample[:, 0].unique().numel() == 3 and sample[:, 2].unique().numel() == 4
-    # the sampler stores the log-probability the loss recomputes
-    action, log_prob = FactorizedCategoricalSampler(NVEC)(logits)
-    torch.testing.assert_close(log_prob, dist.log_prob(action))
-    greedy, _ = FactorizedCategoricalSampler(NVEC, deterministic=True)(logits)
-    assert torch.equal(greedy, expected)
-
-
-def test_factorized_shapes_are_checked():
-    with pytest.raises(ValueError, match=r"expected logits \[\*B, sum\(nvec\)\] = \[\*B, 8\]"):
-        FactorizedCategorical(torch.zeros(2, 7), NVEC)
-    with pytest.raises(ValueError, match=r"expected actions \[\*B, 3\]"):
-        FactorizedCategorical(torch.zeros(2, 8), NVEC).log_prob(torch.zeros(2, dtype=torch.long))
 
 
 @pytest.mark.parametrize("memory", ["none", "gru"])
