@@ -43,11 +43,13 @@ from typing import Any
 from recurrl.modules.registry import FEED_FORWARD, memory_names
 from recurrl.trainers.errors import UsageError
 from recurrl.trainers.suites import (
+    SUCCESS,
     SUITES,
     Suite,
     memory_recipe_for,
     recipe_for,
     register_suite,
+    success_threshold,
     suite_frames,
 )
 from recurrl.trainers.sweep import (
@@ -76,9 +78,6 @@ __all__ = [
 #: ``recurrl train`` options of every bench run: no TensorBoard files, no per-run plot, no
 #: progress line per batch (disk and log space; the sweep keeps metrics.csv and the logs)
 BENCH_OPTIONS = ("--no-tensorboard", "--no-plot", "--quiet")
-#: a run succeeds when its final greedy return's normalized score reaches this: 90% of the
-#: family's return range (450 on CartPole-masked, the sweep's default threshold; 0.8 on popgym)
-SUCCESS = 0.9
 #: ``recurrl train`` options the bench sets per cell, refused after ``--``
 _OWN = ("--env", "--memory", "--frames")
 
@@ -276,14 +275,6 @@ def _task_dir(task: str) -> str:
     return task.replace(":", "_").replace("/", "_")
 
 
-def _threshold(task: str) -> float | None:
-    recipe = recipe_for(task)
-    if recipe is None or recipe.returns is None:
-        return None
-    low, high = recipe.returns
-    return low + SUCCESS * (high - low)
-
-
 def _check(args: argparse.Namespace, train_argv: list[str]) -> None:
     _refuse_own(train_argv, _OWN, "recurrl bench sets {flag} of every cell itself; received "
                 "it after --. Fix: drop it (tasks: SUITE or --tasks, models: --memory, budget: "
@@ -306,7 +297,7 @@ def _plan_cells(args: argparse.Namespace, train_argv: list[str], suite: Suite,
     cells = []
     for task in suite.tasks:
         frames = _frames(args, suite, task)
-        threshold = _threshold(task)
+        threshold = success_threshold(task)
         for memory in memories:
             cell_out = out / _task_dir(task) / memory
             sweep = ["sweep", "--out", str(cell_out), "--seeds", *args.seeds,
@@ -378,7 +369,7 @@ def _cell_summary(cell: _Cell, seeds: list[int]) -> dict[str, Any]:
     from recurrl.trainers.sweep import _eval_returns
 
     recipe = recipe_for(cell.task)
-    threshold = _threshold(cell.task)
+    threshold = success_threshold(cell.task)
     rows = []
     for run in cell.runs:
         if run.seed not in seeds:

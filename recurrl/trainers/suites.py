@@ -246,6 +246,27 @@ def recipe_for(env_id: str) -> Recipe | None:
     return next((r for r in RECIPES.values() if r.matches(env_id)), None)
 
 
+#: a run succeeds when its final greedy return's normalized score reaches this: 90% of the
+#: family's return range (450 on CartPole-masked, 0.8 on popgym, 0.9 on MiniGrid)
+SUCCESS = 0.9
+
+
+def success_threshold(task: str) -> float | None:
+    """The greedy return at which a run on ``task`` counts as a success: :data:`SUCCESS` of
+    its family's return range, or None where the family has no fixed range (VMAS) or no
+    recipe (then no success rate is given unless asked for with a threshold).
+
+    Examples:
+        >>> success_threshold("CartPole-masked"), success_threshold("vmas:simple_spread")
+        (450.0, None)
+    """
+    recipe = recipe_for(task)
+    if recipe is None or recipe.returns is None:
+        return None
+    low, high = recipe.returns
+    return low + SUCCESS * (high - low)
+
+
 def suite_frames(task: str) -> int | None:
     """The frame budget of the first registered suite that holds ``task``, or None.
 

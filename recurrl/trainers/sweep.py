@@ -98,8 +98,10 @@ def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
         help="directory of the runs and the summary (default: sweeps/<env>-<algo>-<memory>)",
     )  # fmt: skip
     sweep.add_argument(
-        "--threshold", type=float, default=450.0,
-        help="a run succeeds when its greedy evaluation return reaches this (default: 450)",
+        "--threshold", type=float, default=None,
+        help="a run succeeds when its greedy evaluation return reaches this (default: 90%% of "
+        "the task family's return range: 450 on CartPole-masked, 0.8 on popgym, 0.9 on "
+        "MiniGrid; no success rate for a task without a known range, e.g. VMAS)",
     )  # fmt: skip
     sweep.add_argument(
         "--backends", nargs="+", choices=list(recurrent_backend_names()), default=None,
@@ -193,6 +195,10 @@ def _plan(args: argparse.Namespace, train_argv: list[str]) -> tuple[Path, list[_
     if args.eval_episodes < 0:
         raise UsageError(f"--eval-episodes must be >= 0, received {args.eval_episodes}.")
     out = Path(args.out or Path("sweeps") / f"{base.env.env}-{base.algo}-{base.model.memory}")
+    if args.threshold is None:  # the task family's success level, as recurrl bench takes it
+        from recurrl.trainers.suites import success_threshold
+
+        args.threshold = success_threshold(base.env.env)
     backends = args.backends or [base.model.recurrent_backend]
     runs = []
     for backend in dict.fromkeys(backends):
@@ -573,8 +579,10 @@ def _markdown(s: dict[str, Any]) -> str:
     lines = [
         "# recurrl sweep", "",
         f"train options: `{' '.join(s['train_options']) or '(defaults)'}`; seeds "
-        f"{s['seeds']}; greedy evaluation over {s['eval_episodes']} episodes; success: a "
-        f"greedy return >= {s['threshold']:g}.", "",
+        f"{s['seeds']}; greedy evaluation over {s['eval_episodes']} episodes; "
+        + ("no success level (the task has no known return range; --threshold sets one)."
+           if s["threshold"] is None else f"success: a greedy return >= {s['threshold']:g}."),
+        "",
         "## Per backend", "",
         "IQM: interquartile mean (mean of the middle 50% of the seeds), with a 95% percentile "
         "bootstrap confidence interval over the seeds.", "",

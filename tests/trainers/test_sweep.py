@@ -12,7 +12,14 @@ from recurrl.trainers.cli import build_parser, main
 from recurrl.trainers.errors import UsageError
 from recurrl.trainers.evaluate import load_config
 from recurrl.trainers.logger import read_metrics
-from recurrl.trainers.sweep import EVAL_FILE, _plan, _stop, parse_seeds, split_train_argv
+from recurrl.trainers.sweep import (
+    EVAL_FILE,
+    _markdown,
+    _plan,
+    _stop,
+    parse_seeds,
+    split_train_argv,
+)
 
 from ._helpers import parse_train
 
@@ -70,6 +77,39 @@ def test_plan_runs_every_seed_under_each_backend(tmp_path):
     out, runs = _plan(args, ["--algo", "dqn"])
     assert out.as_posix() == "sweeps/CartPole-masked-dqn-lstm"
     assert [r.name for r in runs] == ["auto-s3"]  # the train default, --recurrent-backend auto
+
+
+@pytest.mark.parametrize(
+    ("env", "given", "expected"),
+    [
+        ("CartPole-masked", None, 450.0),
+        ("popgym-RepeatPreviousEasy-v0", None, 0.8),
+        ("minigrid:MiniGrid-MemoryS7-v0", None, 0.9),
+        ("vmas:simple_spread", None, None),  # no known return range: no success rate
+        ("vmas:simple_spread", "-300", -300.0),
+    ],
+)
+def test_the_success_level_is_the_task_familys_unless_given(tmp_path, env, given, expected):
+    argv = ["sweep", "--seeds", "0", "--out", str(tmp_path)]
+    args = build_parser().parse_args(argv + (["--threshold", given] if given else []))
+    _plan(args, ["--env", env])
+    if expected is None:
+        assert args.threshold is None
+    else:
+        assert args.threshold == pytest.approx(expected)
+
+
+def test_a_summary_without_a_success_level_says_so():
+    summary = {"train_options": ["--env", "vmas:simple_spread"], "seeds": [0], "threshold": None,
+               "eval_episodes": 2, "runs": [], "missing": [], "plot": None, "note": None,
+               "per_backend": {"auto": {"runs": 1, "eval": {"iqm": -400.0, "ci_low": -410.0,
+               "ci_high": -390.0, "mean": -400.0, "median": -400.0, "success_rate": None},
+               "train": None}}}  # fmt: skip
+    text = _markdown(summary)
+    assert (
+        "no success level" in text
+        and "| auto | 1 | -400.0 | -400.0 | -400.0 [-410.0, -390.0] | - |" in text
+    )
 
 
 @pytest.mark.parametrize(
