@@ -171,6 +171,7 @@ def aggregate(
 def _suite_help() -> str:
     return "; ".join(
         f"{s.name}: {s.description}, {len(s.tasks)} tasks, {s.frames:,} frames per run"
+        + "".join(f" ({t}: {f:,})" for t, f in s.task_frames.items())
         for s in SUITES.values()
     )
 
@@ -262,7 +263,7 @@ def _memories(args: argparse.Namespace) -> list[str]:
 def _frames(args: argparse.Namespace, suite: Suite, task: str) -> int | None:
     if args.frames is not None:
         return args.frames
-    return suite.frames if suite.name in SUITES else suite_frames(task)
+    return suite.frames_of(task) if suite.name in SUITES else suite_frames(task)
 
 
 def _task_dir(task: str) -> str:

@@ -129,6 +129,8 @@ class Suite:
         frames: frames of every run of the suite (``recurrl bench --frames`` overrides).
         description: one line for ``recurrl bench --help``.
         source: where the tasks and the budget come from.
+        task_frames: the budgets of the tasks that differ from ``frames`` (task -> frames;
+            ``recurrl bench --frames`` overrides them too).
     """
 
     name: str
@@ -136,12 +138,32 @@ class Suite:
     frames: int
     description: str
     source: str
+    task_frames: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.tasks or len(set(self.tasks)) != len(self.tasks):
             raise ValueError(f"Suite {self.name!r}: expected distinct tasks, got {self.tasks}.")
-        if self.frames < 1:
-            raise ValueError(f"Suite {self.name!r}: frames must be >= 1, got {self.frames}.")
+        for task, frames in {"(every task)": self.frames, **self.task_frames}.items():
+            if frames < 1:
+                raise ValueError(
+                    f"Suite {self.name!r}: frames must be >= 1, got {frames} for {task}."
+                )
+        unknown = sorted(set(self.task_frames) - set(self.tasks))
+        if unknown:
+            raise ValueError(
+                f"Suite {self.name!r}: task_frames names tasks that are not in the suite: "
+                f"{unknown}. Fix: one of {list(self.tasks)}."
+            )
+
+    def frames_of(self, task: str) -> int:
+        """The frame budget of a run on ``task``.
+
+        Examples:
+            >>> s = Suite("toy", ("A", "B"), 1000, "", "", task_frames={"B": 4000})
+            >>> s.frames_of("A"), s.frames_of("B")
+            (1000, 4000)
+        """
+        return self.task_frames.get(task, self.frames)
 
     def recipes(self) -> dict[str, Recipe | None]:
         """Task -> its family's recipe (None: ``recurrl train``'s defaults)."""
@@ -274,7 +296,7 @@ def suite_frames(task: str) -> int | None:
         >>> suite_frames("popgym-AutoencodeHard-v0"), suite_frames("CartPole-v1")
         (100000, None)
     """
-    return next((s.frames for s in SUITES.values() if task in s.tasks), None)
+    return next((s.frames_of(task) for s in SUITES.values() if task in s.tasks), None)
 
 
 # --- the families -------------------------------------------------------------------------

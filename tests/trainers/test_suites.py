@@ -68,6 +68,25 @@ def test_recipes_and_suites_refuse_bad_entries():
         register_suite(SUITES["popgym-easy"])
     with pytest.raises(ValueError, match="distinct tasks"):
         Suite("x", ("A", "A"), 10, "", "")
+    with pytest.raises(ValueError, match=r"frames must be >= 1, got 0 for B"):
+        Suite("x", ("A", "B"), 10, "", "", task_frames={"B": 0})
+    with pytest.raises(ValueError, match=r"not in the suite: \['C'\]\. Fix: one of"):
+        Suite("x", ("A", "B"), 10, "", "", task_frames={"C": 100})
+
+
+def test_a_task_can_have_its_own_budget_in_a_suite(monkeypatch):
+    toy = Suite("toy-budgets", ("CartPole-masked", "Pendulum-masked"), 2000, "two tasks", "a test",
+                task_frames={"Pendulum-masked": 8000})  # fmt: skip
+    monkeypatch.setitem(SUITES, toy.name, toy)
+    assert [toy.frames_of(t) for t in toy.tasks] == [2000, 8000]
+    assert suite_frames("Pendulum-masked") == 8000  # the budget a task has in its suite
+    from recurrl.trainers.bench import _frames, _suite_help
+
+    args = build_parser().parse_args(["bench", toy.name])
+    assert [_frames(args, toy, t) for t in toy.tasks] == [2000, 8000]
+    args = build_parser().parse_args(["bench", toy.name, "--frames", "500"])
+    assert [_frames(args, toy, t) for t in toy.tasks] == [500, 500]  # --frames wins everywhere
+    assert "2,000 frames per run (Pendulum-masked: 8,000)" in _suite_help()
 
 
 def test_the_defaults_differ_by_env_family():
