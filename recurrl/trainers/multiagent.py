@@ -100,6 +100,11 @@ def is_multiagent(cfg: EnvConfig) -> bool:
     return cfg.env in MULTIAGENT_TASKS or is_multiagent_env_id(cfg.env)
 
 
+#: added to a run's env seed to seed its FlickerObservation (any constant: the draws need
+#: only be repeatable and not the env's own stream)
+_FLICKER_SEED_OFFSET = 7919
+
+
 def make_multiagent_train_env(
     cfg: EnvConfig,
     num_envs: int,
@@ -164,9 +169,11 @@ def make_multiagent_train_env(
                 f"{max(keep)} does not exist. Fix: indices below {size}."
             )
         transforms.insert(0, MaskObservation(keep, in_key=(GROUP, "observation")))
-    if cfg.observation_flicker:
-        flicker = FlickerObservation(cfg.observation_flicker, in_key=(GROUP, "observation"),
-                                     seed=None if seed is None else seed + 7919)  # fmt: skip
+    if cfg.observation_flicker:  # its own stream, apart from the env's (seeded with `seed`)
+        flicker_seed = None if seed is None else seed + _FLICKER_SEED_OFFSET
+        flicker = FlickerObservation(
+            cfg.observation_flicker, in_key=(GROUP, "observation"), seed=flicker_seed
+        )
         transforms.insert(1 if keep is not None else 0, flicker)
     return TransformedEnv(base, Compose(*transforms))
 
