@@ -298,13 +298,10 @@ def _plan_cells(args: argparse.Namespace, train_argv: list[str], suite: Suite,
     cells = []
     for task in suite.tasks:
         frames = _frames(args, suite, task)
-        threshold = success_threshold(task)
         for memory in memories:
             cell_out = out / _task_dir(task) / memory
             sweep = ["sweep", "--out", str(cell_out), "--seeds", *args.seeds,
                      "--eval-episodes", str(args.eval_episodes)]  # fmt: skip
-            if threshold is not None:
-                sweep += ["--threshold", repr(threshold)]
             if args.jobs is not None:
                 sweep += ["--jobs", str(args.jobs)]
             train = ["--env", task, "--memory", memory, *BENCH_OPTIONS, *train_argv]

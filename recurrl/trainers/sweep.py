@@ -43,6 +43,7 @@ from typing import Any
 from recurrl.functional.recurrent import recurrent_backend_names
 from recurrl.trainers.checkpoint import CHECKPOINT
 from recurrl.trainers.errors import UsageError
+from recurrl.trainers.suites import success_threshold
 
 __all__ = [
     "EVAL_FILE",
@@ -195,9 +196,7 @@ def _plan(args: argparse.Namespace, train_argv: list[str]) -> tuple[Path, list[_
     if args.eval_episodes < 0:
         raise UsageError(f"--eval-episodes must be >= 0, received {args.eval_episodes}.")
     out = Path(args.out or Path("sweeps") / f"{base.env.env}-{base.algo}-{base.model.memory}")
-    if args.threshold is None:  # the task family's success level, as recurrl bench takes it
-        from recurrl.trainers.suites import success_threshold
-
+    if args.threshold is None:  # the task family's success level (recurrl bench's cells too)
         args.threshold = success_threshold(base.env.env)
     backends = args.backends or [base.model.recurrent_backend]
     runs = []

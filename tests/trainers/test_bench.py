@@ -147,6 +147,9 @@ def test_a_rerun_trains_nothing_and_an_interrupted_run_resumes(tmp_path):
     (train, evaluate) = _commands(run, 2)
     assert "--resume" in train and str(run.run_dir) in train and "--evaluate" in evaluate
     assert all(_commands(r, 2) == [] for c in cells for r in c.runs if r.state == "done")
+    # every cell's sweep counts a success at its task family's level (90% of the range)
+    levels = {c.task: c.sweep_args.threshold for c in cells}
+    assert levels == {"CartPole-masked": 450.0, "Pendulum-masked": pytest.approx(-325.472088)}
 
 
 def test_report_only_trains_nothing_and_lists_what_is_missing(tmp_path, capsys):
